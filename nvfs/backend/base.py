@@ -1,0 +1,83 @@
+"""The interface every backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+
+class BackendError(Exception):
+    """The backend cannot do what was asked (unreachable, refused, misconfigured)."""
+
+
+class ObjectNotFound(BackendError):
+    """No object exists under the key."""
+
+
+class StoreLocked(BackendError):
+    """Another nvfs daemon already holds the store."""
+
+
+class Backend(ABC):
+    """A key-value object store. Keys are ``/``-separated strings without a leading ``/``.
+
+    ``put`` is atomic: a reader sees the old object or the new one, never a mix. With
+    ``durable=False`` the object may be lost in a crash until :meth:`sync` returns; the
+    store writes chunks that way and syncs once before it writes the manifest that
+    names them.
+    """
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A short human-readable name (for logs and ``df``)."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """Return the whole object; raise :class:`ObjectNotFound` if it is absent."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes, *, durable: bool) -> None:
+        """Create or atomically replace an object."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove an object; a missing object is not an error."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether an object exists under the key."""
+
+    @abstractmethod
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        """Objects and sub-prefixes directly under ``prefix`` (which ends in ``/``), as names."""
+
+    @abstractmethod
+    def iter_keys(self, prefix: str) -> Iterator[str]:
+        """Every key under ``prefix``, recursively."""
+
+    @abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Move one object, replacing ``dst``."""
+
+    @abstractmethod
+    def rename_prefix(self, src: str, dst: str) -> None:
+        """Move every object under prefix ``src`` to prefix ``dst`` (which holds no objects)."""
+
+    @abstractmethod
+    def sync(self) -> None:
+        """Make every earlier ``put`` durable."""
+
+    @abstractmethod
+    def is_empty(self) -> bool:
+        """Whether the backend holds no objects at all (a fresh store may be created)."""
+
+    @abstractmethod
+    def lock(self) -> None:
+        """Take the store for this process; raise :class:`StoreLocked` if another holds it."""
+
+    @abstractmethod
+    def capacity(self) -> tuple[int, int] | None:
+        """``(total_bytes, free_bytes)`` of the underlying storage, or ``None`` if unbounded."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release the lock and any resources."""

@@ -1,0 +1,19 @@
+"""Codec layer: reversible transforms and entropy coders, with CPU (and later GPU) engines.
+
+The store hands an engine the uncompressed bytes of one chunk and gets back an
+:class:`Encoded` value that says exactly how to undo the work (codec, transform and
+transform parameters); the store records those in the chunk header so that any engine
+on any machine can decode it.
+"""
+
+from nvfs.codec.base import Codec, CodecError, Encoded, Engine, Transform
+from nvfs.codec.cpu import CpuEngine
+
+__all__ = ["Codec", "CodecError", "CpuEngine", "Encoded", "Engine", "Transform", "make_engine"]
+
+
+def make_engine(name: str, level: int) -> Engine:
+    """Build the engine a mount asked for (``-o engine=``); only the CPU engine exists so far."""
+    if name in ("auto", "cpu"):
+        return CpuEngine(level=level)
+    raise CodecError(f"engine {name!r} is not available (known: auto, cpu)")

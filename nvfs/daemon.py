@@ -1,0 +1,114 @@
+"""Running a mount: FUSE session, trio loop, background detach, logging, clean shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+import pyfuse3
+import trio
+
+from nvfs.fuse import Operations
+from nvfs.options import MountOptions
+from nvfs.store import Store
+from nvfs.vfs import Vfs
+
+log = logging.getLogger(__name__)
+
+Ready = Callable[[str | None], None]
+
+
+def default_log_file(mountpoint: str) -> str:
+    """Where a background daemon logs unless ``-o log_file=`` says otherwise."""
+    name = mountpoint.strip("/").replace("/", "-") or "root"
+    base = "/var/log/nvfs" if os.geteuid() == 0 else os.path.expanduser("~/.local/state/nvfs")
+    return os.path.join(base, f"{name}.log")
+
+
+def setup_logging(log_file: str | None, level: str) -> None:
+    handler: logging.Handler
+    if log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+        handler = logging.FileHandler(log_file)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:
+    """Mount, report readiness, serve requests until unmounted or signalled; returns an exit code."""
+    vfs = Vfs(store, options.vfs)
+    fuse_options = set(pyfuse3.default_options) | {f"fsname={source}", "subtype=nvfs"} | options.fuse
+    try:
+        pyfuse3.init(Operations(vfs), mountpoint, fuse_options)
+    except RuntimeError as exc:
+        ready(f"cannot mount on {mountpoint}: {exc}")
+        return 1
+    log.info("mounted %s on %s (engine %s, chunk size %d)", source, mountpoint, store.engine.name,
+             options.vfs.chunk_size)
+    ready(None)
+    try:
+        trio.run(_serve_until_unmounted, vfs)
+    except BaseException:
+        log.exception("the daemon failed")
+        raise
+    finally:
+        pyfuse3.close(unmount=True)
+        store.close()
+        log.info("unmounted %s", mountpoint)
+    return 0
+
+
+async def _serve_until_unmounted(vfs: Vfs) -> None:
+    async with trio.open_nursery() as nursery:
+        vfs.start(nursery)
+        nursery.start_soon(_terminate_on_signal)
+        await pyfuse3.main()
+        log.info("FUSE session ended; committing and draining")
+        await vfs.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+async def _terminate_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s: unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def run_in_background(run: Callable[[Ready], int]) -> int:
+    """Fork a daemon that runs ``run``; return once it reports the mount ready (0) or failed (1)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            message = pipe.read().decode(errors="replace")
+        if message == "ok":
+            return 0
+        print(f"nvfs: {message or 'the daemon exited before the mount was ready (see its log)'}",
+              file=sys.stderr)
+        return 1
+    os.close(read_end)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+
+    def ready(error: str | None) -> None:
+        os.write(write_end, (error or "ok").encode())
+        os.close(write_end)
+
+    code = 1
+    try:
+        code = run(ready)
+    finally:
+        logging.shutdown()
+        os._exit(code)

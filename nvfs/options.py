@@ -1,0 +1,107 @@
+"""Mount options (``-o a,b=c``): nvfs's own, FUSE's, and generic ones that are ignored."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from nvfs.vfs import VfsConfig
+
+
+class OptionError(ValueError):
+    """An option nvfs does not know, or a value it cannot use."""
+
+
+# Options mount(8) and fstab pass to every filesystem; they mean nothing to nvfs.
+GENERIC_OPTIONS = frozenset(
+    "rw dev nodev suid nosuid exec noexec atime noatime relatime norelatime strictatime "
+    "nostrictatime diratime nodiratime lazytime nolazytime _netdev auto noauto nofail user "
+    "nouser users owner group defaults async sync default_permissions".split()
+)
+_SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)(i?[bB])?$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# Options whose value is a size in bytes, with their allowed range.
+_SIZE_OPTIONS = {
+    "chunk_size": (64 << 10, 64 << 20),
+    "cache_size": (0, 1 << 40),
+    "max_inflight": (1 << 20, 1 << 40),
+    "max_dirty": (1 << 20, 1 << 40),
+    "readahead": (0, 1 << 34),
+}
+
+
+def parse_size(text: str) -> int:
+    """``4M``, ``512k``, ``1GiB`` or plain bytes."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise OptionError(f"{text!r} is not a size (examples: 4M, 512k, 1G)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+@dataclass
+class MountOptions:
+    """Everything ``-o`` decided."""
+
+    vfs: VfsConfig = field(default_factory=VfsConfig)
+    fuse: set[str] = field(default_factory=set)
+    engine: str = "auto"
+    level: int = 3
+    log_file: str | None = None
+    log_level: str = "info"
+
+
+def _bounded(name: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise OptionError(f"{name}={value} is out of range ({low}..{high})")
+    return value
+
+
+def _integer(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise OptionError(f"{name} takes a whole number, not {text!r}") from None
+
+
+def parse_options(specs: list[str]) -> MountOptions:
+    """Parse every ``-o`` argument (each a comma-separated list) into :class:`MountOptions`."""
+    options = MountOptions()
+    for spec in specs:
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            name, has_value, value = item.partition("=")
+            _apply(options, name, value if has_value else None)
+    return options
+
+
+def _apply(options: MountOptions, name: str, value: str | None) -> None:
+    if name in GENERIC_OPTIONS or name.startswith("x-") or name == "comment":
+        return
+    if name in ("allow_other", "ro"):
+        if value is not None:
+            raise OptionError(f"{name} takes no value")
+        options.fuse.add(name)
+        return
+    if value is None:
+        raise OptionError(f"unknown option {name!r}" if name not in _VALUED else f"{name} needs a value")
+    if name in _SIZE_OPTIONS:
+        setattr(options.vfs, name, _bounded(name, parse_size(value), *_SIZE_OPTIONS[name]))
+    elif name == "threads":
+        options.vfs.threads = _bounded(name, _integer(name, value), 1, 256)
+    elif name == "level":
+        options.level = _bounded(name, _integer(name, value), 1, 19)
+    elif name == "engine":
+        if value not in ("auto", "cpu", "gpu"):
+            raise OptionError(f"engine must be auto, cpu or gpu, not {value!r}")
+        options.engine = value
+    elif name == "log_file":
+        options.log_file = value
+    elif name == "log_level":
+        if value not in LOG_LEVELS:
+            raise OptionError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
+        options.log_level = value
+    else:
+        raise OptionError(f"unknown option {name!r}")
+
+
+_VALUED = frozenset(_SIZE_OPTIONS) | {"threads", "level", "engine", "log_file", "log_level"}

@@ -1,0 +1,101 @@
+"""The chunk object format (see docs/FORMAT.md, "Chunk objects").
+
+A chunk object is a fixed 64-byte header, the transform parameters, then the payload::
+
+    0   4  magic  b"NVFC"
+    4   1  format version (1)
+    5   1  codec (nvfs.codec.Codec)
+    6   1  transform (nvfs.codec.Transform)
+    7   1  engine that wrote it (0 cpu, 1 gpu), informational
+    8   8  uncompressed length, little-endian
+    16  8  payload length
+    24  4  transform parameter length
+    28  4  reserved, zero
+    32  32 SHA-256 of the uncompressed bytes (also the chunk's id)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+from nvfs.codec import Codec, CodecError, Encoded, Engine, Transform
+
+MAGIC = b"NVFC"
+CHUNK_FORMAT_VERSION = 1
+HEADER = struct.Struct("<4sBBBBQQII32s")
+ENGINE_IDS = {"cpu": 0, "gpu": 1}
+
+
+class ChunkCorrupt(Exception):
+    """A chunk object whose header, payload or checksum does not hold."""
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    codec: Codec
+    transform: Transform
+    engine_id: int
+    raw_length: int
+    payload_length: int
+    params_length: int
+    digest: bytes
+
+
+def chunk_id(data: bytes) -> str:
+    """The content address of uncompressed bytes: their SHA-256 in hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_chunk(data: bytes, engine: Engine) -> tuple[bytes, Encoded]:
+    """Build the object for ``data``; returns it and how it was encoded."""
+    encoded = engine.encode(data)
+    header = HEADER.pack(
+        MAGIC,
+        CHUNK_FORMAT_VERSION,
+        encoded.codec,
+        encoded.transform,
+        ENGINE_IDS.get(engine.name, 0),
+        len(data),
+        len(encoded.payload),
+        len(encoded.params),
+        0,
+        hashlib.sha256(data).digest(),
+    )
+    return b"".join((header, encoded.params, encoded.payload)), encoded
+
+
+def parse_header(blob: bytes) -> ChunkHeader:
+    """Read and check the header of a chunk object."""
+    if len(blob) < HEADER.size:
+        raise ChunkCorrupt(f"object is {len(blob)} bytes, shorter than a chunk header")
+    magic, version, codec, transform, engine_id, raw, payload, params, _, digest = HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise ChunkCorrupt(f"bad magic {magic!r}")
+    if version > CHUNK_FORMAT_VERSION:
+        raise ChunkCorrupt(f"chunk format {version} is newer than this nvfs supports")
+    try:
+        codec_value, transform_value = Codec(codec), Transform(transform)
+    except ValueError as exc:
+        raise ChunkCorrupt(f"unknown codec {codec} or transform {transform}") from exc
+    if HEADER.size + params + payload != len(blob):
+        raise ChunkCorrupt(f"lengths in header ({params}+{payload}) do not match object size {len(blob)}")
+    return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest)
+
+
+def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes:
+    """Decode a chunk object and verify it is the chunk ``expected_id``."""
+    header = parse_header(blob)
+    params_end = HEADER.size + header.params_length
+    encoded = Encoded(header.codec, header.transform, blob[HEADER.size : params_end], blob[params_end:])
+    try:
+        data = engine.decode(encoded, header.raw_length)
+    except CodecError as exc:
+        raise ChunkCorrupt(str(exc)) from exc
+    if len(data) != header.raw_length:
+        raise ChunkCorrupt(f"decoded {len(data)} bytes, header says {header.raw_length}")
+    digest = hashlib.sha256(data).digest()
+    if digest != header.digest or digest.hex() != expected_id:
+        raise ChunkCorrupt("checksum mismatch")
+    return data

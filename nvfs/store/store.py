@@ -1,0 +1,306 @@
+"""The store: namespace entries as manifests, file contents as content-addressed chunks.
+
+Key layout (docs/FORMAT.md): ``nvfs.json`` (the superblock), ``chunks/ab/cd/<sha256>``
+(one object per distinct chunk, shared by every file that holds those bytes) and
+``tree/<path>`` (one manifest per file or symlink; ``tree/<dir>/#dir`` per directory).
+
+Every method here blocks; the vfs layer calls them from worker threads. Chunks that an
+in-memory file still refers to are *pinned* so that garbage collection, which deletes
+chunks no manifest names, never takes them away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from nvfs.backend import Backend, ObjectNotFound
+from nvfs.codec import Engine
+from nvfs.store.chunk import ChunkCorrupt, chunk_id, decode_chunk, encode_chunk
+from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
+
+log = logging.getLogger(__name__)
+
+STORE_FORMAT_VERSION = 1
+SUPERBLOCK_KEY = "nvfs.json"
+TREE_PREFIX = "tree/"
+CHUNK_PREFIX = "chunks/"
+DIR_MARKER = "#dir"
+DEFAULT_CHUNK_SIZE = 4 << 20
+_PRESENT_LIMIT = 1 << 20  # chunk ids remembered as stored, for dedup without a backend round trip
+
+Path = Sequence[str]
+
+
+class StoreError(Exception):
+    """The backend does not hold a usable nvfs store."""
+
+
+def encode_name(name: str) -> str:
+    """Key component for a file name; names starting with ``#`` get one more, keeping ``#dir`` free."""
+    return "#" + name if name.startswith("#") else name
+
+
+def decode_name(component: str) -> str | None:
+    """File name for a key component, or ``None`` for reserved components such as ``#dir``."""
+    if component.startswith("##"):
+        return component[1:]
+    return None if component.startswith("#") else component
+
+
+def entry_key(path: Path) -> str:
+    return TREE_PREFIX + "/".join(encode_name(name) for name in path)
+
+
+def dir_prefix(path: Path) -> str:
+    return entry_key(path) + "/" if path else TREE_PREFIX
+
+
+def chunk_key(cid: str) -> str:
+    return f"{CHUNK_PREFIX}{cid[:2]}/{cid[2:4]}/{cid}"
+
+
+class _SharedExclusiveLock:
+    """Many chunk writers at once, or one garbage-collection sweep."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._cond.wait_for(lambda: self._shared == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class Store:
+    """Files, directories and symlinks of one nvfs store on one backend."""
+
+    def __init__(self, backend: Backend, engine: Engine, superblock: dict) -> None:
+        self.backend = backend
+        self.engine = engine
+        self.superblock = superblock
+        self._lock = threading.Lock()
+        self._gc_lock = _SharedExclusiveLock()
+        self._pins: dict[str, int] = {}
+        self._gc_touched: set[str] | None = None
+        self._namespace_moves = 0
+        self._present: dict[str, tuple[int, str]] = {}
+
+    @classmethod
+    def open(cls, backend: Backend, engine: Engine) -> Store:
+        """Open the store on ``backend``, creating it if the backend is empty."""
+        try:
+            superblock = json.loads(backend.get(SUPERBLOCK_KEY))
+        except ObjectNotFound:
+            if not backend.is_empty():
+                raise StoreError(
+                    f"{backend.describe()} is not empty and holds no nvfs store (no {SUPERBLOCK_KEY})"
+                ) from None
+            superblock = cls._initialise(backend)
+        except ValueError as exc:
+            raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is unreadable: {exc}") from exc
+        version = superblock.get("nvfs_store") if isinstance(superblock, dict) else None
+        if not isinstance(version, int):
+            raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
+        if version > STORE_FORMAT_VERSION:
+            raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
+        return cls(backend, engine, superblock)
+
+    @staticmethod
+    def _initialise(backend: Backend) -> dict:
+        now = time.time_ns()
+        superblock = {
+            "nvfs_store": STORE_FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "hash": "sha256",
+            "chunk_size": DEFAULT_CHUNK_SIZE,
+        }
+        root = default_dir_manifest(now)
+        backend.put(dir_prefix(()) + DIR_MARKER, root.to_bytes(), durable=True)
+        backend.put(SUPERBLOCK_KEY, json.dumps(superblock, indent=1).encode(), durable=True)
+        log.info("initialised a new nvfs store in %s", backend.describe())
+        return superblock
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self.superblock.get("chunk_size", DEFAULT_CHUNK_SIZE))
+
+    # ----- chunks -----------------------------------------------------------------
+
+    def put_chunk(self, data: bytes) -> ChunkRef:
+        """Store ``data`` as a chunk (once per distinct content) and pin it for the caller."""
+        cid = chunk_id(data)
+        with self._gc_lock.shared():
+            self.pin([cid])
+            try:
+                known = self._present.get(cid)
+                if known is None:
+                    blob, encoded = encode_chunk(data, self.engine)
+                    key = chunk_key(cid)
+                    if not self.backend.exists(key):
+                        self.backend.put(key, blob, durable=False)
+                    known = (len(blob), encoded.codec.name.lower())
+                    if len(self._present) >= _PRESENT_LIMIT:
+                        self._present.clear()
+                    self._present[cid] = known
+            except BaseException:
+                self.unpin([cid])
+                raise
+        return ChunkRef(cid, len(data), known[0], known[1])
+
+    def get_chunk(self, ref: ChunkRef) -> bytes:
+        """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`."""
+        try:
+            blob = self.backend.get(chunk_key(ref.id))
+        except ObjectNotFound:
+            raise ChunkCorrupt("chunk object is missing") from None
+        data = decode_chunk(blob, self.engine, ref.id)
+        if len(data) != ref.length:
+            raise ChunkCorrupt(f"chunk holds {len(data)} bytes, manifest says {ref.length}")
+        return data
+
+    def pin(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for cid in ids:
+                self._pins[cid] = self._pins.get(cid, 0) + 1
+                if self._gc_touched is not None:
+                    self._gc_touched.add(cid)
+
+    def unpin(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for cid in ids:
+                count = self._pins.get(cid, 0) - 1
+                if count > 0:
+                    self._pins[cid] = count
+                else:
+                    self._pins.pop(cid, None)
+
+    # ----- namespace ----------------------------------------------------------------
+
+    def read_dir_meta(self, path: Path) -> Manifest:
+        """Attributes of a directory; a prefix without a marker gets defaults."""
+        try:
+            return Manifest.from_bytes(self.backend.get(dir_prefix(path) + DIR_MARKER))
+        except ObjectNotFound:
+            return default_dir_manifest(time.time_ns())
+
+    def list_dir(self, path: Path) -> dict[str, Manifest]:
+        """Every entry of a directory with its manifest. Unreadable manifests are logged, skipped."""
+        prefix = dir_prefix(path)
+        objects, prefixes = self.backend.list_dir(prefix)
+        entries: dict[str, Manifest] = {}
+        for component in objects:
+            name = decode_name(component)
+            if name is None:
+                continue
+            try:
+                entries[name] = Manifest.from_bytes(self.backend.get(prefix + component))
+            except (ManifestError, ObjectNotFound) as exc:
+                log.error("skipping %s: %s", prefix + component, exc)
+        for component in prefixes:
+            name = decode_name(component)
+            if name is not None:
+                entries[name] = self.read_dir_meta((*path, name))
+        return entries
+
+    def write_entry(self, path: Path, manifest: Manifest) -> None:
+        """Durably create or replace an entry; a file's chunks are made durable first."""
+        if manifest.kind == "file":
+            self.backend.sync()
+        key = dir_prefix(path) + DIR_MARKER if manifest.kind == "dir" else entry_key(path)
+        self.backend.put(key, manifest.to_bytes(), durable=True)
+
+    def delete_entry(self, path: Path, kind: str) -> None:
+        self.backend.delete(dir_prefix(path) + DIR_MARKER if kind == "dir" else entry_key(path))
+
+    def rename_entry(self, old: Path, new: Path, kind: str) -> None:
+        """Move an entry, replacing a file at ``new`` or an empty directory there."""
+        with self._lock:
+            self._namespace_moves += 1
+        if kind == "dir":
+            self.backend.delete(dir_prefix(new) + DIR_MARKER)
+            self.backend.rename_prefix(dir_prefix(old), dir_prefix(new))
+        else:
+            self.backend.rename(entry_key(old), entry_key(new))
+
+    # ----- garbage collection -------------------------------------------------------
+
+    def collect_garbage(self) -> tuple[int, int]:
+        """Delete chunks that no manifest names and nothing pins; returns (chunks, bytes).
+
+        The mark phase reads every manifest without blocking writers; chunks pinned while it
+        runs are kept. A rename during the mark could hide a manifest from it, so the
+        sweep is skipped and the mark retried when one happened.
+        """
+        for _attempt in range(3):
+            with self._lock:
+                self._gc_touched = set(self._pins)
+                moves = self._namespace_moves
+            try:
+                live = self._mark()
+                with self._gc_lock.exclusive():
+                    with self._lock:
+                        if moves != self._namespace_moves:
+                            continue
+                        keep = live | self._gc_touched | set(self._pins)
+                    return self._sweep(keep)
+            finally:
+                with self._lock:
+                    self._gc_touched = None
+        log.info("garbage collection skipped: the namespace kept changing")
+        return 0, 0
+
+    def _mark(self) -> set[str]:
+        live: set[str] = set()
+        for key in self.backend.iter_keys(TREE_PREFIX):
+            if key.endswith("/" + DIR_MARKER):
+                continue
+            try:
+                manifest = Manifest.from_bytes(self.backend.get(key))
+            except ObjectNotFound:
+                continue  # deleted while we listed; a rename would have restarted the mark
+            live.update(ref.id for ref in manifest.chunks if ref is not None)
+        return live
+
+    def _sweep(self, keep: set[str]) -> tuple[int, int]:
+        count = freed = 0
+        for key in list(self.backend.iter_keys(CHUNK_PREFIX)):
+            cid = key.rsplit("/", 1)[1]
+            if cid in keep:
+                continue
+            known = self._present.pop(cid, None)
+            self.backend.delete(key)
+            count += 1
+            freed += known[0] if known else 0
+        if count:
+            log.info("garbage collection deleted %d unreferenced chunks", count)
+        return count, freed
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,658 @@
+"""The virtual filesystem: inodes, open files, write buffers and read-ahead.
+
+Everything here runs on the trio thread of the FUSE adapter. Handlers only touch memory
+and hand blocking work (compression, storage I/O) to worker threads through
+``trio.to_thread``; a full slot is stored in the background while the writer goes on,
+and a writer waits only when ``max_inflight`` bytes are already on their way.
+
+Semantics (README, "Semantics"): a file's new contents become durable and visible in
+the store when it is closed or fsync'ed; namespace operations (mkdir, rename, unlink,
+chmod, ...) are durable when they return.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass
+
+import trio
+
+from nvfs.store import ChunkCorrupt, Manifest, Store
+from nvfs.vfs.cache import ChunkCache
+from nvfs.vfs.content import FileContent, Slot
+from nvfs.vfs.node import Node, Stat
+
+log = logging.getLogger(__name__)
+
+ROOT_INO = 1
+XATTR_PREFIX = "user.nvfs."
+
+
+class VfsError(Exception):
+    """A failed filesystem operation, carrying the errno the caller should see."""
+
+    def __init__(self, err: int, message: str = "") -> None:
+        super().__init__(message or os.strerror(err))
+        self.errno = err
+
+
+@dataclass
+class VfsConfig:
+    """Tunables of a mount (``-o`` options)."""
+
+    chunk_size: int = 4 << 20
+    cache_size: int = 256 << 20
+    max_inflight: int = 256 << 20
+    max_dirty: int = 256 << 20
+    readahead: int = 64 << 20
+    threads: int = max(4, os.cpu_count() or 1)
+
+
+@dataclass
+class Handle:
+    """An open file: its node and the state of its sequential-read detector."""
+
+    node: Node
+    writable: bool
+    next_offset: int = 0
+    window: int = 0  # chunks to read ahead
+
+
+class Vfs:
+    """Inode table and file operations over a :class:`Store`."""
+
+    def __init__(self, store: Store, config: VfsConfig) -> None:
+        self.store = store
+        self.config = config
+        now = time.time_ns()
+        root_meta = store.read_dir_meta(())
+        root_meta.mtime_ns = root_meta.mtime_ns or now
+        self.root = Node(ROOT_INO, None, "", root_meta, committed=True)
+        self.root.lookups = 1
+        self._nodes: dict[int, Node] = {ROOT_INO: self.root}
+        self._next_ino = ROOT_INO + 1
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._cache = ChunkCache(config.cache_size)
+        self._fetching: dict[str, trio.Event] = {}
+        self._workers = trio.CapacityLimiter(config.threads)
+        self._inflight = trio.Semaphore(max(1, config.max_inflight // config.chunk_size))
+        self._gc_wanted = trio.Event()
+        self._gc_idle = trio.Event()
+        self._gc_idle.set()
+        self._nursery: trio.Nursery | None = None
+
+    # ----- lifecycle ----------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Run background work (uploads, read-ahead, garbage collection) in ``nursery``."""
+        self._nursery = nursery
+        nursery.start_soon(self._gc_loop)
+        self._gc_wanted.set()  # clear out chunks orphaned by an earlier crash
+
+    async def shutdown(self) -> None:
+        """Commit whatever is still uncommitted (files left open at unmount) and drain."""
+        for node in list(self._nodes.values()):
+            if node.needs_commit():
+                try:
+                    await self.commit(node)
+                except VfsError as exc:
+                    log.error("%s: could not be committed at unmount: %s", node.display_path(), exc)
+        await self._gc_idle.wait()
+
+    # ----- inode table -----------------------------------------------------------------
+
+    def node(self, ino: int) -> Node:
+        try:
+            return self._nodes[ino]
+        except KeyError:
+            raise VfsError(errno.ENOENT) from None
+
+    def _new_node(self, parent: Node, name: str, meta: Manifest, committed: bool) -> Node:
+        node = Node(self._next_ino, parent, name, meta, committed)
+        node.set_type_bits()
+        self._next_ino += 1
+        self._nodes[node.ino] = node
+        return node
+
+    def remember(self, node: Node) -> None:
+        """The kernel now holds one more reference to ``node`` (a lookup reply)."""
+        node.lookups += 1
+
+    def forget(self, ino: int, count: int) -> None:
+        node = self._nodes.get(ino)
+        if node is None or ino == ROOT_INO:
+            return
+        node.lookups = max(0, node.lookups - count)
+        self._maybe_drop(node)
+
+    def _maybe_drop(self, node: Node) -> None:
+        """Drop an unlinked node once neither the kernel nor an open file refers to it."""
+        if node.unlinked and node.lookups == 0 and node.open_count == 0:
+            self._nodes.pop(node.ino, None)
+
+    async def children(self, directory: Node) -> dict[str, Node]:
+        if not directory.is_dir:
+            raise VfsError(errno.ENOTDIR)
+        if directory.children is None:
+            entries = await self._run(self.store.list_dir, directory.path())
+            if directory.children is None:
+                directory.children = {
+                    name: self._new_node(directory, name, meta, committed=True)
+                    for name, meta in sorted(entries.items())
+                }
+        return directory.children
+
+    async def lookup(self, parent_ino: int, name: str) -> Node:
+        parent = self.node(parent_ino)
+        if name == ".":
+            return parent
+        if name == "..":
+            return parent.parent or parent
+        node = (await self.children(parent)).get(name)
+        if node is None:
+            raise VfsError(errno.ENOENT)
+        return node
+
+    async def _run(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._workers)
+
+    # ----- attributes -------------------------------------------------------------------
+
+    def getattr(self, ino: int) -> Stat:
+        return self.node(ino).stat()
+
+    async def setattr(self, ino: int, *, mode: int | None = None, uid: int | None = None,
+                      gid: int | None = None, size: int | None = None,
+                      mtime_ns: int | None = None) -> Stat:
+        node = self.node(ino)
+        async with node.lock:
+            now = time.time_ns()
+            if mode is not None:
+                node.mode = stat.S_IFMT(node.mode) | stat.S_IMODE(mode)
+            if uid is not None:
+                node.uid = uid
+            if gid is not None:
+                node.gid = gid
+            if mtime_ns is not None:
+                node.mtime_ns = mtime_ns
+            node.ctime_ns = now
+            if size is not None:
+                if node.kind != "file":
+                    raise VfsError(errno.EISDIR if node.is_dir else errno.EINVAL)
+                await self._truncate(node, size)
+                node.mtime_ns = now if mtime_ns is None else mtime_ns
+            node.meta_dirty = True
+            if node.content is None or node.open_count == 0:
+                await self._commit_locked(node)
+                self._release_content(node)
+        return node.stat()
+
+    # ----- namespace -----------------------------------------------------------------
+
+    async def _check_new_name(self, parent: Node, name: str) -> dict[str, Node]:
+        if len(name.encode(errors="surrogateescape")) > 254:
+            raise VfsError(errno.ENAMETOOLONG)
+        children = await self.children(parent)
+        if name in children:
+            raise VfsError(errno.EEXIST)
+        return children
+
+    async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Node:
+        parent = self.node(parent_ino)
+        children = await self._check_new_name(parent, name)
+        now = time.time_ns()
+        meta = Manifest("dir", stat.S_IFDIR | stat.S_IMODE(mode), uid, gid, now, now)
+        await self._run(self.store.write_entry, (*parent.path(), name), meta)
+        node = self._new_node(parent, name, meta, committed=False)
+        children[name] = node
+        parent.mtime_ns = parent.ctime_ns = now
+        return node
+
+    async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Node:
+        parent = self.node(parent_ino)
+        children = await self._check_new_name(parent, name)
+        now = time.time_ns()
+        meta = Manifest("symlink", stat.S_IFLNK | 0o777, uid, gid, now, now, target=target)
+        await self._run(self.store.write_entry, (*parent.path(), name), meta)
+        node = self._new_node(parent, name, meta, committed=True)
+        children[name] = node
+        parent.mtime_ns = parent.ctime_ns = now
+        return node
+
+    def readlink(self, ino: int) -> str:
+        node = self.node(ino)
+        if node.kind != "symlink":
+            raise VfsError(errno.EINVAL)
+        return node.target
+
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        parent = self.node(parent_ino)
+        node = (await self.children(parent)).get(name)
+        if node is None:
+            raise VfsError(errno.ENOENT)
+        if node.is_dir:
+            raise VfsError(errno.EISDIR)
+        await self._remove(parent, node)
+
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        parent = self.node(parent_ino)
+        node = (await self.children(parent)).get(name)
+        if node is None:
+            raise VfsError(errno.ENOENT)
+        if not node.is_dir:
+            raise VfsError(errno.ENOTDIR)
+        if await self.children(node):
+            raise VfsError(errno.ENOTEMPTY)
+        await self._remove(parent, node)
+
+    async def _remove(self, parent: Node, node: Node) -> None:
+        """Take ``node`` out of the namespace, durably; open files keep their contents."""
+        if node.is_dir or node.kind == "symlink" or node.manifest is not None:
+            await self._run(self.store.delete_entry, node.path(), node.kind)
+        self._detach(parent, node)
+
+    def _detach(self, parent: Node, node: Node) -> None:
+        assert parent.children is not None
+        del parent.children[node.name]
+        parent.mtime_ns = parent.ctime_ns = time.time_ns()
+        had_chunks = node.manifest is not None and any(node.manifest.chunks)
+        node.unlinked = True
+        node.parent = None
+        node.manifest = None
+        if had_chunks:
+            self._request_gc()
+        if node.content is None:
+            self._maybe_drop(node)
+
+    async def rename(self, old_parent_ino: int, old_name: str, new_parent_ino: int, new_name: str,
+                     *, noreplace: bool = False) -> None:
+        old_parent, new_parent = self.node(old_parent_ino), self.node(new_parent_ino)
+        node = (await self.children(old_parent)).get(old_name)
+        if node is None:
+            raise VfsError(errno.ENOENT)
+        if len(new_name.encode(errors="surrogateescape")) > 254:
+            raise VfsError(errno.ENAMETOOLONG)
+        new_children = await self.children(new_parent)
+        target = new_children.get(new_name)
+        if target is node:
+            return
+        self._check_rename(node, new_parent, target, noreplace)
+        if target is not None and target.is_dir and await self.children(target):
+            raise VfsError(errno.ENOTEMPTY)
+        old_path, new_path = node.path(), (*new_parent.path(), new_name)
+        if node.is_dir or node.kind == "symlink" or node.manifest is not None:
+            await self._run(self.store.rename_entry, old_path, new_path, node.kind)
+        elif target is not None and (target.kind == "symlink" or target.manifest is not None):
+            await self._run(self.store.delete_entry, new_path, target.kind)
+        if target is not None:
+            self._detach(new_parent, target)
+        assert old_parent.children is not None
+        del old_parent.children[old_name]
+        node.parent, node.name = new_parent, new_name
+        new_children[new_name] = node
+        now = time.time_ns()
+        old_parent.mtime_ns = new_parent.mtime_ns = node.ctime_ns = now
+
+    @staticmethod
+    def _check_rename(node: Node, new_parent: Node, target: Node | None, noreplace: bool) -> None:
+        if target is not None:
+            if noreplace:
+                raise VfsError(errno.EEXIST)
+            if node.is_dir and not target.is_dir:
+                raise VfsError(errno.ENOTDIR)
+            if target.is_dir and not node.is_dir:
+                raise VfsError(errno.EISDIR)
+        ancestor: Node | None = new_parent
+        while ancestor is not None:
+            if ancestor is node:
+                raise VfsError(errno.EINVAL)  # a directory cannot move into itself
+            ancestor = ancestor.parent
+
+    # ----- open files --------------------------------------------------------------------
+
+    def _ensure_content(self, node: Node) -> FileContent:
+        if node.content is None:
+            manifest = node.manifest
+            if manifest is not None:
+                content = FileContent(manifest.chunk_size or self.config.chunk_size, manifest.size,
+                                      list(manifest.chunks))
+            else:
+                content = FileContent(self.config.chunk_size, 0, [])
+                content.dirty = True  # a new file: its first commit creates it
+            self.store.pin(content.pinned_ids())
+            node.content = content
+        return node.content
+
+    def _release_content(self, node: Node) -> None:
+        content = node.content
+        if content is None or node.open_count > 0:
+            return
+        if content.dirty and not node.unlinked:
+            return  # uncommitted data stays until a commit succeeds or the mount ends
+        self.store.unpin(content.pinned_ids())
+        for slot in content.slots:
+            slot.version += 1
+        node.content = None
+        self._maybe_drop(node)
+
+    def _open_handle(self, node: Node, writable: bool) -> int:
+        self._ensure_content(node)
+        node.open_count += 1
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = Handle(node, writable)
+        return fh
+
+    def handle(self, fh: int) -> Handle:
+        try:
+            return self._handles[fh]
+        except KeyError:
+            raise VfsError(errno.EBADF) from None
+
+    async def open(self, ino: int, flags: int) -> int:
+        node = self.node(ino)
+        if node.kind != "file":
+            raise VfsError(errno.EISDIR if node.is_dir else errno.EINVAL)
+        writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+        fh = self._open_handle(node, writable)
+        if writable and flags & os.O_TRUNC and node.size() > 0:
+            async with node.lock:
+                await self._truncate(node, 0)
+        return fh
+
+    async def create(self, parent_ino: int, name: str, mode: int, uid: int, gid: int,
+                     flags: int) -> tuple[int, Node]:
+        parent = self.node(parent_ino)
+        children = await self._check_new_name(parent, name)
+        now = time.time_ns()
+        meta = Manifest("file", stat.S_IFREG | stat.S_IMODE(mode), uid, gid, now, now)
+        node = self._new_node(parent, name, meta, committed=False)
+        children[name] = node
+        parent.mtime_ns = parent.ctime_ns = now
+        return self._open_handle(node, writable=True), node
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        node = handle.node
+        node.open_count -= 1
+        if node.open_count == 0 and node.needs_commit():
+            try:
+                await self.commit(node)
+            except VfsError as exc:
+                log.error("%s: uncommitted data could not be stored: %s", node.display_path(), exc)
+        self._release_content(node)
+
+    async def commit(self, node: Node) -> None:
+        """Make the file's current contents durable and visible in the store (close, fsync)."""
+        async with node.lock:
+            await self._commit_locked(node)
+
+    async def _commit_locked(self, node: Node) -> None:
+        if not node.needs_commit():
+            return
+        content = node.content
+        if content is not None:
+            for index in list(content.dirty_slots):
+                await self._submit(node, index)
+            await content.wait_uploads()
+            if content.error is not None:
+                raise VfsError(errno.EIO, f"storing data failed: {content.error}")
+        manifest = node.to_manifest()
+        if manifest.kind == "file" and content is not None:
+            manifest.engine = self.store.engine.name
+        replaced = node.manifest
+        await self._run(self.store.write_entry, node.path(), manifest)
+        if manifest.kind == "file":
+            node.manifest = manifest
+        if content is not None:
+            content.dirty = False
+        node.meta_dirty = False
+        if replaced is not None and manifest.kind == "file" and replaced.chunks != manifest.chunks:
+            self._request_gc()
+        log.debug("committed %s: %d bytes", node.display_path(), node.size())
+
+    # ----- writing ----------------------------------------------------------------------
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        handle = self.handle(fh)
+        if not handle.writable:
+            raise VfsError(errno.EBADF)
+        node = handle.node
+        async with node.lock:
+            content = self._ensure_content(node)
+            if content.error is not None:
+                raise VfsError(errno.EIO, f"an earlier write failed: {content.error}")
+            await self._write_locked(node, content, offset, memoryview(data))
+            node.mtime_ns = node.ctime_ns = time.time_ns()
+        return len(data)
+
+    async def _write_locked(self, node: Node, content: FileContent, offset: int, data: memoryview) -> None:
+        size = content.chunk_size
+        content.grow(offset + len(data))
+        content.dirty = True
+        done = 0
+        while done < len(data):
+            position = offset + done
+            index, start = divmod(position, size)
+            count = min(size - start, len(data) - done)
+            buffer = await self._writable_buffer(node, content, index, start, count)
+            if len(buffer) < start:
+                buffer.extend(bytes(start - len(buffer)))
+            buffer[start : start + count] = data[done : done + count]
+            if start + count == size:
+                await self._submit(node, index)
+            done += count
+        while len(content.dirty_slots) * size > self.config.max_dirty:
+            await self._submit(node, next(iter(content.dirty_slots)))
+
+    async def _writable_buffer(self, node: Node, content: FileContent, index: int, start: int,
+                               count: int) -> bytearray:
+        """The dirty buffer of a slot, made from its current data if it has none yet."""
+        slot = content.slots[index]
+        if slot.buffer is not None:
+            return slot.buffer
+        if slot.frozen is not None:
+            base: bytes = slot.frozen
+        elif slot.ref is not None and not (start == 0 and count >= slot.ref.length):
+            base = await self._chunk_bytes(node, index, slot)
+        else:
+            base = b""
+        self._replace_ref(slot, None)
+        slot.buffer = bytearray(base[: content.slot_length(index)])
+        slot.frozen = None
+        slot.version += 1
+        content.dirty_slots[index] = None
+        return slot.buffer
+
+    def _replace_ref(self, slot: Slot, ref) -> None:
+        if slot.ref is not None:
+            self.store.unpin([slot.ref.id])
+        slot.ref = ref
+
+    async def _submit(self, node: Node, index: int) -> None:
+        """Freeze a dirty slot and store it in the background (waits if too much is in flight)."""
+        content = node.content
+        assert content is not None and self._nursery is not None
+        slot = content.slots[index]
+        if slot.buffer is None:
+            return
+        data = bytes(slot.buffer)
+        slot.buffer, slot.frozen = None, data
+        slot.version += 1
+        content.dirty_slots.pop(index, None)
+        await self._inflight.acquire()
+        content.begin_upload()
+        self._nursery.start_soon(self._upload, node, content, index, slot, slot.version, data)
+
+    async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
+                      data: bytes) -> None:
+        try:
+            ref = await self._run(self.store.put_chunk, data)
+        except Exception as exc:  # surfaces as EIO on the next write, fsync or close
+            log.error("%s: storing chunk %d failed: %s", node.display_path(), index, exc)
+            content.error = exc
+        else:
+            if slot.version == version:
+                self._replace_ref(slot, ref)
+                slot.frozen = None
+            else:
+                self.store.unpin([ref.id])  # overwritten or truncated while it was stored
+        finally:
+            self._inflight.release()
+            content.end_upload()
+
+    async def _truncate(self, node: Node, size: int) -> None:
+        content = self._ensure_content(node)
+        if size < 0:
+            raise VfsError(errno.EINVAL)
+        content.dirty = True
+        if size >= content.size:
+            content.grow(size)
+            return
+        for dropped in content.shrink(size):
+            self._replace_ref(dropped, None)
+        index, keep = divmod(size, content.chunk_size)
+        if keep and index < len(content.slots):
+            buffer = await self._writable_buffer(node, content, index, 0, 0)
+            del buffer[keep:]
+
+    # ----- reading ------------------------------------------------------------------------
+
+    async def read(self, fh: int, offset: int, length: int) -> bytes:
+        handle = self.handle(fh)
+        node = handle.node
+        content = self._ensure_content(node)
+        end = min(offset + length, content.size)
+        if offset >= end:
+            return b""
+        chunk = content.chunk_size
+        pieces = []
+        position = offset
+        while position < end:
+            index, start = divmod(position, chunk)
+            count = min(chunk - start, end - position)
+            data = await self._slot_bytes(node, content, index)
+            piece = bytes(data[start : start + count])
+            if len(piece) < count:
+                piece += bytes(count - len(piece))
+            pieces.append(piece)
+            position += count
+        self._read_ahead(handle, content, offset, end)
+        return b"".join(pieces)
+
+    async def _slot_bytes(self, node: Node, content: FileContent, index: int) -> bytes | bytearray:
+        slot = content.slots[index] if index < len(content.slots) else Slot()
+        if slot.buffer is not None:
+            return slot.buffer
+        if slot.frozen is not None:
+            return slot.frozen
+        if slot.ref is None:
+            return b""
+        return await self._chunk_bytes(node, index, slot)
+
+    async def _chunk_bytes(self, node: Node, index: int, slot: Slot) -> bytes:
+        ref = slot.ref
+        assert ref is not None
+        try:
+            return await self._fetch(ref)
+        except ChunkCorrupt as exc:
+            log.error("%s: chunk %d (%s) failed verification: %s", node.display_path(), index, ref.id, exc)
+            raise VfsError(errno.EIO) from None
+        except OSError as exc:
+            log.error("%s: chunk %d (%s) could not be read: %s", node.display_path(), index, ref.id, exc)
+            raise VfsError(errno.EIO) from None
+
+    async def _fetch(self, ref) -> bytes:
+        """Decoded chunk bytes from the cache, a fetch already under way, or the store."""
+        while True:
+            data = self._cache.get(ref.id)
+            if data is not None:
+                return data
+            pending = self._fetching.get(ref.id)
+            if pending is None:
+                break
+            await pending.wait()
+            if ref.id not in self._cache:
+                break  # that fetch failed or its result was evicted already: fetch ourselves
+        done = self._fetching[ref.id] = trio.Event()
+        try:
+            data = await self._run(self.store.get_chunk, ref)
+            self._cache.put(ref.id, data)
+            return data
+        finally:
+            del self._fetching[ref.id]
+            done.set()
+
+    def _read_ahead(self, handle: Handle, content: FileContent, offset: int, end: int) -> None:
+        """Fetch the chunks after a sequential reader's position before it asks for them.
+
+        The window doubles while the reader stays sequential, up to ``readahead`` bytes,
+        and collapses on a seek, so random readers (mmap of one tensor) fetch only what
+        they touch.
+        """
+        chunk = content.chunk_size
+        if offset == handle.next_offset:
+            handle.window = min(max(1, handle.window * 2), max(1, self.config.readahead // chunk))
+        else:
+            handle.window = 0
+        handle.next_offset = end
+        assert self._nursery is not None
+        first = (end - 1) // chunk + 1
+        for index in range(first, min(first + handle.window, len(content.slots))):
+            ref = content.slots[index].ref
+            if ref is not None and ref.id not in self._cache and ref.id not in self._fetching:
+                self._nursery.start_soon(self._prefetch, ref)
+
+    async def _prefetch(self, ref) -> None:
+        try:
+            await self._fetch(ref)
+        except (ChunkCorrupt, OSError) as exc:
+            log.debug("read-ahead of chunk %s failed (the read will report it): %s", ref.id, exc)
+
+    # ----- store-wide -----------------------------------------------------------------------
+
+    def statfs(self) -> tuple[int, int] | None:
+        return self.store.backend.capacity()
+
+    def xattrs(self, ino: int) -> dict[str, bytes]:
+        """``user.nvfs.*`` attributes: stored size, ratio and codec of a file."""
+        node = self.node(ino)
+        if node.kind != "file":
+            return {}
+        logical, stored = node.size(), node.stored_size()
+        manifest = node.manifest
+        pending = node.content is not None and node.content.dirty
+        values = {
+            "logical_size": str(logical),
+            "stored_size": str(stored),
+            "ratio": f"{logical / stored:.4f}" if stored else "inf" if logical else "1.0000",
+            "codec": manifest.codecs() if manifest else "none",
+            "engine": (manifest.engine or "cpu") if manifest else "none",
+            "chunks": str(len(manifest.chunks)) if manifest else "0",
+            "chunk_size": str(manifest.chunk_size if manifest else self.config.chunk_size),
+            "committed": "no" if pending or manifest is None else "yes",
+        }
+        return {XATTR_PREFIX + key: value.encode() for key, value in values.items()}
+
+    def _request_gc(self) -> None:
+        self._gc_wanted.set()
+
+    async def _gc_loop(self) -> None:
+        """Delete unreferenced chunks in the background, one pass per burst of requests."""
+        while True:
+            await self._gc_wanted.wait()
+            self._gc_wanted = trio.Event()
+            self._gc_idle = trio.Event()
+            try:
+                await self._run(self.store.collect_garbage)
+            except Exception as exc:
+                log.error("garbage collection failed (nothing was deleted): %s", exc)
+            finally:
+                self._gc_idle.set()
