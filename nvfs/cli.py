@@ -30,7 +30,7 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nvfs", description="A FUSE filesystem for deep-learning checkpoints.")
+    parser = argparse.ArgumentParser(prog="nvfs", description="A FUSE filesystem for checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
     mount = commands.add_parser("mount", help="mount a store (a backing directory) on a mountpoint")
     mount.add_argument("source", help="backing directory of the store (created on first mount if empty)")

@@ -13,11 +13,12 @@ class OptionError(ValueError):
 
 
 # Options mount(8) and fstab pass to every filesystem; they mean nothing to nvfs.
-GENERIC_OPTIONS = frozenset(
-    "rw dev nodev suid nosuid exec noexec atime noatime relatime norelatime strictatime "
-    "nostrictatime diratime nodiratime lazytime nolazytime _netdev auto noauto nofail user "
-    "nouser users owner group defaults async sync default_permissions".split()
-)
+GENERIC_OPTIONS = frozenset({
+    "rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+    "norelatime", "strictatime", "nostrictatime", "diratime", "nodiratime", "lazytime", "nolazytime",
+    "_netdev", "auto", "noauto", "nofail", "user", "nouser", "users", "owner", "group", "defaults",
+    "async", "sync", "default_permissions",
+})
 _SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)(i?[bB])?$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 LOG_LEVELS = ("debug", "info", "warning", "error")
