@@ -1,0 +1,5 @@
+import sys
+
+from nvfs.cli import main
+
+sys.exit(main())
