@@ -82,8 +82,9 @@ class Vfs:
         self._workers = trio.CapacityLimiter(config.threads)
         self._inflight = trio.Semaphore(max(1, config.max_inflight // config.chunk_size))
         self._gc_wanted = trio.Event()
-        self._gc_idle = trio.Event()
-        self._gc_idle.set()
+        self._gc_requested = 0  # requests made; a pass serves every request made before it began
+        self._gc_served = 0
+        self._gc_pass_done = trio.Event()
         self._nursery: trio.Nursery | None = None
 
     # ----- lifecycle ----------------------------------------------------------------
@@ -92,7 +93,7 @@ class Vfs:
         """Run background work (uploads, read-ahead, garbage collection) in ``nursery``."""
         self._nursery = nursery
         nursery.start_soon(self._gc_loop)
-        self._gc_wanted.set()  # clear out chunks orphaned by an earlier crash
+        self._request_gc()  # clear out chunks orphaned by an earlier crash
 
     async def shutdown(self) -> None:
         """Commit whatever is still uncommitted (files left open at unmount) and drain."""
@@ -102,7 +103,8 @@ class Vfs:
                     await self.commit(node)
                 except VfsError as exc:
                     log.error("%s: could not be committed at unmount: %s", node.display_path(), exc)
-        await self._gc_idle.wait()
+        while self._gc_served < self._gc_requested:
+            await self._gc_pass_done.wait()
 
     # ----- inode table -----------------------------------------------------------------
 
@@ -642,6 +644,7 @@ class Vfs:
         return {XATTR_PREFIX + key: value.encode() for key, value in values.items()}
 
     def _request_gc(self) -> None:
+        self._gc_requested += 1
         self._gc_wanted.set()
 
     async def _gc_loop(self) -> None:
@@ -649,10 +652,12 @@ class Vfs:
         while True:
             await self._gc_wanted.wait()
             self._gc_wanted = trio.Event()
-            self._gc_idle = trio.Event()
+            requested = self._gc_requested
             try:
                 await self._run(self.store.collect_garbage)
             except Exception as exc:
                 log.error("garbage collection failed (nothing was deleted): %s", exc)
             finally:
-                self._gc_idle.set()
+                self._gc_served = requested
+                self._gc_pass_done.set()
+                self._gc_pass_done = trio.Event()
