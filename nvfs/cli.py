@@ -117,12 +117,18 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def _wait_for_exit(pid: int, timeout: float) -> bool:
-    """Wait for the daemon to finish its last commits and exit (it is not our child: poll)."""
+    """Wait for the daemon to finish its last commits and exit (it is not our child: poll).
+
+    A daemon that has exited but not yet been reaped by init is a zombie: it counts as gone.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if state in ("Z", "X"):
             return True
         time.sleep(0.02)
     return False
