@@ -6,10 +6,13 @@ transform parameters); the store records those in the chunk header so that any e
 on any machine can decode it.
 """
 
-from nvfs.codec.base import Codec, CodecError, Encoded, Engine, Transform
+from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Engine, Transform
 from nvfs.codec.cpu import CpuEngine
+from nvfs.codec.layout import LayoutTracker
+from nvfs.codec.planes import Region
 
-__all__ = ["Codec", "CodecError", "CpuEngine", "Encoded", "Engine", "Transform", "make_engine"]
+__all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine", "LayoutTracker", "Region",
+           "Transform", "make_engine"]
 
 
 def make_engine(name: str, level: int) -> Engine:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from nvfs.codec.planes import Region
 
 
 class CodecError(Exception):
@@ -12,20 +16,27 @@ class CodecError(Exception):
 
 
 class Codec(IntEnum):
-    """Entropy coder of a chunk payload; the numbers are part of the on-disk format."""
+    """Entropy coder of a chunk payload (or of each plane); the numbers are on-disk format."""
 
     RAW = 0
     ZSTD = 1
 
 
 class Transform(IntEnum):
-    """Reversible byte transform applied before the entropy coder; numbers are on-disk format.
-
-    Only the identity exists in format 1; float-aware transforms (issue 3) get new numbers
-    and carry their parameters in :attr:`Encoded.params`.
-    """
+    """Reversible transform applied before the entropy coder; the numbers are on-disk format."""
 
     NONE = 0
+    PLANES = 1  # regions of values split into byte planes, each coded on its own
+
+
+class ElementKind(IntEnum):
+    """What the bytes of a region hold; the numbers are on-disk format."""
+
+    BYTES = 0  # anything that is not a float we split: ints, fp8, metadata, unknown
+    BF16 = 1
+    FP16 = 2
+    FP32 = 3
+    FP64 = 4
 
 
 @dataclass(frozen=True)
@@ -37,16 +48,25 @@ class Encoded:
     params: bytes
     payload: bytes
 
+    @property
+    def name(self) -> str:
+        """How manifests and ``nvfs stat`` name the encoding: ``zstd``, ``planes+zstd``, ..."""
+        codec = self.codec.name.lower()
+        return codec if self.transform == Transform.NONE else f"{self.transform.name.lower()}+{codec}"
+
 
 class Engine(Protocol):
     """Compresses and decompresses chunk payloads. Implementations must be thread-safe."""
 
     name: str
 
-    def encode(self, data: bytes) -> Encoded:
-        """Encode ``data``; payloads that would not shrink come back as ``Codec.RAW``."""
+    def encode(self, data: bytes, regions: Sequence[Region] | None = None) -> Encoded:
+        """Encode ``data``; ``regions`` (covering it exactly) say what the bytes hold, if known.
+
+        Payloads that would not shrink come back as ``Codec.RAW``.
+        """
         ...
 
-    def decode(self, encoded: Encoded, raw_length: int) -> bytes:
+    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray:
         """Return the original bytes; raise :class:`CodecError` on a damaged payload."""
         ...

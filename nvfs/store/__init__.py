@@ -1,7 +1,8 @@
 """Store layer: manifests, the chunk format, dedup, checksums and garbage collection."""
 
+from nvfs.codec import LayoutTracker
 from nvfs.store.chunk import ChunkCorrupt
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError
 from nvfs.store.store import Store, StoreError
 
-__all__ = ["ChunkCorrupt", "ChunkRef", "Manifest", "ManifestError", "Store", "StoreError"]
+__all__ = ["ChunkCorrupt", "ChunkRef", "LayoutTracker", "Manifest", "ManifestError", "Store", "StoreError"]

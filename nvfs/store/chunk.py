@@ -20,7 +20,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from nvfs.codec import Codec, CodecError, Encoded, Engine, Transform
+from nvfs.codec import Codec, CodecError, Encoded, Engine, Region, Transform
 
 MAGIC = b"NVFC"
 CHUNK_FORMAT_VERSION = 1
@@ -48,9 +48,9 @@ def chunk_id(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def encode_chunk(data: bytes, engine: Engine) -> tuple[bytes, Encoded]:
-    """Build the object for ``data``; returns it and how it was encoded."""
-    encoded = engine.encode(data)
+def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None) -> tuple[bytes, Encoded]:
+    """Build the object for ``data`` (holding ``regions``, if known); returns it and its encoding."""
+    encoded = engine.encode(data, regions)
     header = HEADER.pack(
         MAGIC,
         CHUNK_FORMAT_VERSION,
@@ -84,7 +84,7 @@ def parse_header(blob: bytes) -> ChunkHeader:
     return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest)
 
 
-def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes:
+def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes | bytearray:
     """Decode a chunk object and verify it is the chunk ``expected_id``."""
     header = parse_header(blob)
     params_end = HEADER.size + header.params_length

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from nvfs.backend import Backend, ObjectNotFound
-from nvfs.codec import Engine
+from nvfs.codec import Engine, LayoutTracker, Region
 from nvfs.store.chunk import ChunkCorrupt, chunk_id, decode_chunk, encode_chunk
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 
@@ -153,19 +153,28 @@ class Store:
 
     # ----- chunks -----------------------------------------------------------------
 
-    def put_chunk(self, data: bytes) -> ChunkRef:
-        """Store ``data`` as a chunk (once per distinct content) and pin it for the caller."""
+    @staticmethod
+    def layout_tracker() -> LayoutTracker:
+        """A tracker that learns a file's tensor layout from its chunks, for :meth:`put_chunk`."""
+        return LayoutTracker()
+
+    def put_chunk(self, data: bytes, regions: list[Region] | None = None) -> ChunkRef:
+        """Store ``data`` as a chunk (once per distinct content) and pin it for the caller.
+
+        ``regions`` say which values the bytes hold (from a :class:`LayoutTracker`); without
+        them the engine guesses from the content.
+        """
         cid = chunk_id(data)
         with self._gc_lock.shared():
             self.pin([cid])
             try:
                 known = self._present.get(cid)
                 if known is None:
-                    blob, encoded = encode_chunk(data, self.engine)
+                    blob, encoded = encode_chunk(data, self.engine, regions)
                     key = chunk_key(cid)
                     if not self.backend.exists(key):
                         self.backend.put(key, blob, durable=False)
-                    known = (len(blob), encoded.codec.name.lower())
+                    known = (len(blob), encoded.name)
                     if len(self._present) >= _PRESENT_LIMIT:
                         self._present.clear()
                     self._present[cid] = known
@@ -174,7 +183,7 @@ class Store:
                 raise
         return ChunkRef(cid, len(data), known[0], known[1])
 
-    def get_chunk(self, ref: ChunkRef) -> bytes:
+    def get_chunk(self, ref: ChunkRef) -> bytes | bytearray:
         """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`."""
         try:
             blob = self.backend.get(chunk_key(ref.id))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 
-from nvfs.store import ChunkRef
+from nvfs.store import ChunkRef, LayoutTracker
 
 
 class Slot:
@@ -29,8 +29,10 @@ class Slot:
 class FileContent:
     """Slots, size and upload bookkeeping of one file."""
 
-    def __init__(self, chunk_size: int, size: int, refs: list[ChunkRef | None]) -> None:
+    def __init__(self, chunk_size: int, size: int, refs: list[ChunkRef | None],
+                 layout: LayoutTracker) -> None:
         self.chunk_size = chunk_size
+        self.layout = layout  # learns the tensor layout while the file is written from the start
         self.size = size
         self.slots = [Slot(ref) for ref in refs]
         self._extend_slots()

@@ -322,9 +322,9 @@ class Vfs:
             manifest = node.manifest
             if manifest is not None:
                 content = FileContent(manifest.chunk_size or self.config.chunk_size, manifest.size,
-                                      list(manifest.chunks))
+                                      list(manifest.chunks), self.store.layout_tracker())
             else:
-                content = FileContent(self.config.chunk_size, 0, [])
+                content = FileContent(self.config.chunk_size, 0, [], self.store.layout_tracker())
                 content.dirty = True  # a new file: its first commit creates it
             self.store.pin(content.pinned_ids())
             node.content = content
@@ -489,14 +489,15 @@ class Vfs:
         slot.buffer, slot.frozen = None, data
         slot.version += 1
         content.dirty_slots.pop(index, None)
+        regions = content.layout.chunk_regions(index * content.chunk_size, data)
         await self._inflight.acquire()
         content.begin_upload()
-        self._nursery.start_soon(self._upload, node, content, index, slot, slot.version, data)
+        self._nursery.start_soon(self._upload, node, content, index, slot, slot.version, data, regions)
 
     async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
-                      data: bytes) -> None:
+                      data: bytes, regions) -> None:
         try:
-            ref = await self._run(self.store.put_chunk, data)
+            ref = await self._run(self.store.put_chunk, data, regions)
         except Exception as exc:  # surfaces as EIO on the next write, fsync or close
             log.error("%s: storing chunk %d failed: %s", node.display_path(), index, exc)
             content.error = exc
@@ -515,6 +516,8 @@ class Vfs:
         if size < 0:
             raise VfsError(errno.EINVAL)
         content.dirty = True
+        if size == 0:
+            content.layout = self.store.layout_tracker()  # rewritten from scratch: learn anew
         if size >= content.size:
             content.grow(size)
             return
