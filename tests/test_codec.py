@@ -1,0 +1,167 @@
+"""Codec layer: exact round trips of the float byte-plane transform and clear errors on damage."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nvfs.codec import CodecError, CpuEngine, ElementKind, LayoutTracker, Region, Transform
+from nvfs.codec.planes import ITEM_SIZE
+from nvfs.store.chunk import ChunkCorrupt, decode_chunk, encode_chunk
+
+ENGINE = CpuEngine(level=3)
+FLOAT_DTYPES = {ElementKind.FP16: np.float16, ElementKind.FP32: np.float32, ElementKind.FP64: np.float64}
+SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-310, 65504.0, 1e-8]
+
+
+def _values(kind: ElementKind, count: int, seed: int, zero_fraction: float, specials: bool) -> bytes:
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(count) * 10.0 ** rng.integers(-6, 3)
+    values[rng.random(count) < zero_fraction] = 0.0
+    if specials and count:
+        values[rng.integers(0, count, size=min(count, 20))] = rng.choice(SPECIALS, size=min(count, 20))
+    if kind == ElementKind.BF16:
+        as32 = values.astype(np.float32).view(np.uint32)
+        return (as32 >> 16).astype(np.uint16).tobytes()
+    with np.errstate(over="ignore"):
+        return values.astype(FLOAT_DTYPES[kind]).tobytes()
+
+
+def _roundtrip(data: bytes, regions: list[Region] | None) -> None:
+    encoded = ENGINE.encode(data, regions)
+    assert bytes(ENGINE.decode(encoded, len(data))) == data
+
+
+region_kinds = st.sampled_from(list(ElementKind))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    parts=st.lists(st.tuples(region_kinds, st.integers(0, 40_000), st.floats(0, 1), st.booleans()),
+                   min_size=1, max_size=5),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_regions_roundtrip_bit_exact(parts, seed):
+    """Any mix of regions, sizes, zero runs, NaN/Inf and subnormals decodes to the same bits."""
+    blobs, regions = [], []
+    for index, (kind, count, zero_fraction, specials) in enumerate(parts):
+        if kind == ElementKind.BYTES:
+            blob = np.random.default_rng(seed + index).integers(0, 4, count, dtype=np.uint8).tobytes()
+        else:
+            blob = _values(kind, count // ITEM_SIZE[kind], seed + index, zero_fraction, specials)
+        blobs.append(blob)
+        regions.append(Region(len(blob), kind))
+    data = b"".join(blobs)
+    _roundtrip(data, [region for region in regions if region.length] or [Region(0, ElementKind.BYTES)])
+    _roundtrip(data, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from([ElementKind.BF16, ElementKind.FP32]), cut=st.integers(0, 7),
+       chunk=st.integers(1, 300_000), seed=st.integers(0, 1000))
+def test_chunk_boundaries_inside_values(kind, cut, chunk, seed):
+    """Chunks cut anywhere (inside a value too) still round-trip through the layout tracker."""
+    values = _values(kind, 200_000, seed, 0.1, True)
+    prefix = bytes(cut)
+    header = struct.pack("<Q", 0)  # no format: the tracker answers None, the engine guesses
+    data = header + prefix + values
+    tracker = LayoutTracker()
+    for offset in range(0, len(data), chunk):
+        piece = data[offset : offset + chunk]
+        _roundtrip(piece, tracker.chunk_regions(offset, piece))
+
+
+def test_zeros_cost_almost_nothing():
+    data = bytes(4 << 20)
+    encoded = ENGINE.encode(data, [Region(len(data), ElementKind.FP32)])
+    assert len(encoded.payload) + len(encoded.params) < 4096
+
+
+def test_float_planes_beat_plain_zstd_on_weights():
+    rng = np.random.default_rng(0)
+    weights = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32).tobytes()
+    planes = ENGINE.encode(weights, [Region(len(weights), ElementKind.FP32)])
+    plain = ENGINE.encode(weights, [Region(len(weights), ElementKind.BYTES)])
+    assert planes.transform == Transform.PLANES
+    assert len(planes.payload) < 0.95 * len(plain.payload)
+
+
+def test_detection_picks_the_float_kind():
+    rng = np.random.default_rng(1)
+    weights = (rng.standard_normal(1 << 20) * 0.02).astype(np.float32).tobytes()
+    assert ENGINE.encode(weights).transform == Transform.PLANES
+
+
+@pytest.mark.parametrize("damage", ["payload", "params", "truncate", "header"])
+def test_damaged_chunk_is_reported_not_returned(damage):
+    rng = np.random.default_rng(2)
+    data = (rng.standard_normal(300_000) * 0.02).astype(np.float32).tobytes()
+    blob, encoded = encode_chunk(data, ENGINE, [Region(len(data), ElementKind.FP32)])
+    chunk_id = __import__("hashlib").sha256(data).hexdigest()
+    broken = bytearray(blob)
+    if damage == "payload":
+        broken[-100] ^= 0x40
+    elif damage == "params":
+        broken[64 + 5] ^= 0x01
+    elif damage == "truncate":
+        del broken[-10:]
+    else:
+        broken[5] = 99  # unknown codec
+    with pytest.raises(ChunkCorrupt):
+        decode_chunk(bytes(broken), ENGINE, chunk_id)
+    assert bytes(decode_chunk(blob, ENGINE, chunk_id)) == data
+
+
+def test_regions_must_cover_the_chunk():
+    with pytest.raises(CodecError):
+        ENGINE.encode(bytes(100), [Region(50, ElementKind.FP32)])
+
+
+def _kinds_found(blob: bytes, chunk: int) -> dict[str, int]:
+    tracker, found = LayoutTracker(), {}
+    for offset in range(0, len(blob), chunk):
+        piece = blob[offset : offset + chunk]
+        regions = tracker.chunk_regions(offset, piece)
+        assert regions is not None, f"layout unknown at {offset}"
+        _roundtrip(piece, regions)
+        for region in regions:
+            found[region.kind.name] = found.get(region.kind.name, 0) + region.length
+    return found
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 65536, 4099])
+def test_layout_of_torch_save_and_safetensors(chunk):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save
+
+    state = {"w": torch.randn(3000).to(torch.bfloat16), "m": torch.randn(100, 100),
+             "h": torch.randn(777).half(), "ids": torch.arange(500), "d": torch.randn(64).double()}
+    expected = {"BF16": 6000, "FP32": 40000, "FP16": 1554, "FP64": 512}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    for blob in (buffer.getvalue(), save(state)):
+        found = _kinds_found(blob, chunk)
+        for kind, size in expected.items():
+            assert found.get(kind, 0) >= size - 2 * 8 * (len(blob) // chunk + 1), (kind, found)
+            assert found.get(kind, 0) <= size
+
+
+def test_pickle_is_read_without_running_code(tmp_path):
+    """A torch file whose pickle would run code if loaded: the tracker only records storages."""
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    buffer = io.BytesIO()
+    torch.save({"t": torch.randn(1000), "evil": Evil()}, buffer)
+    found = _kinds_found(buffer.getvalue(), 1 << 22)
+    assert found["FP32"] == 4000
+    assert not marker.exists()
