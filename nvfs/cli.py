@@ -179,16 +179,18 @@ def cmd_stat(args: argparse.Namespace) -> int:
         for row in rows:
             print(json.dumps(row))
         return 0
-    print(f"{'logical':>12} {'stored':>12} {'ratio':>7}  {'codec':<10} path")
+    width = max([len("codec"), *(len(row["codec"]) for row in rows)])
+    print(f"{'logical':>12} {'stored':>12} {'ratio':>7}  {'codec':<{width}} path")
     for row in rows:
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] else "-"
         print(f"{_human(row['logical_size']):>12} {_human(row['stored_size']):>12} {ratio:>7}  "
-              f"{row['codec']:<10} {row['path']}")
+              f"{row['codec']:<{width}} {row['path']}")
     if len(rows) > 1:
         logical = sum(row["logical_size"] for row in rows)
         stored = sum(row["stored_size"] for row in rows)
         ratio = f"{logical / stored:.2f}x" if stored else "-"
-        print(f"{_human(logical):>12} {_human(stored):>12} {ratio:>7}  {'':<10} total ({len(rows)} files)")
+        print(f"{_human(logical):>12} {_human(stored):>12} {ratio:>7}  {'':<{width}} "
+              f"total ({len(rows)} files)")
     return 0
 
 

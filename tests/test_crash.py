@@ -73,7 +73,10 @@ def _wait_for_progress(writer: subprocess.Popen, mib: int, timeout: float = 60) 
 
 
 def _wait_until_dead(pid: int, timeout: float = 30) -> None:
-    """Wait for a process that is not our child to terminate (a pidfd turns readable)."""
+    """Wait for a process that is not our child to terminate (a pidfd turns readable).
+
+    Polling ``kill(pid, 0)`` would also wait for init to reap the zombie, which can be slow.
+    """
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -175,3 +178,4 @@ def test_kill_during_overwrite_keeps_old_contents(mount_factory, mode):
     )
     _assert_new_writes_work(mount)
     assert target.read_bytes() == v1
+    mount.umount()

@@ -599,11 +599,11 @@ class Vfs:
         """Fetch the chunks after a sequential reader's position before it asks for them.
 
         The window doubles while the reader stays sequential, up to ``readahead`` bytes,
-        and collapses on a seek, so random readers (mmap of one tensor) fetch only what
-        they touch.
+        and collapses on a seek farther than a chunk, so random readers (mmap of one tensor)
+        fetch only what they touch while a reader that skips a zip header stays sequential.
         """
         chunk = content.chunk_size
-        if offset == handle.next_offset:
+        if abs(offset - handle.next_offset) <= chunk:
             handle.window = min(max(1, handle.window * 2), max(1, self.config.readahead // chunk))
         else:
             handle.window = 0
