@@ -22,6 +22,7 @@ from nvfs.options import OptionError, parse_options
 from nvfs.store import Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
+SHARED_METADATA_TTL = 5.0  # seconds until a file another mount committed is listed here
 XATTR = "user.nvfs."
 
 
@@ -78,9 +79,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
     options = parse_options(args.options)
     mountpoint = _check_mountpoint(args.mountpoint)
     source = args.source if args.source.startswith("s3://") else os.path.abspath(args.source)
-    backend = open_backend(source)
+    backend = open_backend(source, options.backend)
     backend.lock()
-    store = Store.open(backend, make_engine(options.engine, options.level))
+    store = Store.open(backend, make_engine(options.engine, options.level), options.gc_grace)
+    if backend.shared and options.vfs.metadata_ttl is None:
+        options.vfs.metadata_ttl = SHARED_METADATA_TTL
     if args.foreground:
         setup_logging(options.log_file, options.log_level)
         return serve(store, source, mountpoint, options, _report_foreground)

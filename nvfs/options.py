@@ -50,6 +50,8 @@ class MountOptions:
     level: int = 3
     log_file: str | None = None
     log_level: str = "info"
+    backend: dict[str, str] = field(default_factory=dict)  # S3: endpoint_url, region, profile
+    gc_grace: float | None = None
 
 
 def _bounded(name: str, value: int, low: int, high: int) -> int:
@@ -97,6 +99,12 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         options.engine = value
     elif name == "log_file":
         options.log_file = value
+    elif name in _BACKEND_OPTIONS:
+        options.backend[name] = value
+    elif name == "metadata_ttl":
+        options.vfs.metadata_ttl = _seconds(name, value)
+    elif name == "gc_grace":
+        options.gc_grace = _seconds(name, value)
     elif name == "log_level":
         if value not in LOG_LEVELS:
             raise OptionError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
@@ -105,4 +113,16 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         raise OptionError(f"unknown option {name!r}")
 
 
-_VALUED = frozenset(_SIZE_OPTIONS) | {"threads", "level", "engine", "log_file", "log_level"}
+_BACKEND_OPTIONS = frozenset({"endpoint_url", "region", "profile"})
+_VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | {
+    "threads", "level", "engine", "log_file", "log_level", "metadata_ttl", "gc_grace"}
+
+
+def _seconds(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"{name} takes seconds, not {text!r}") from None
+    if not 0 <= value <= 7 * 86400:
+        raise OptionError(f"{name}={text} is out of range (0..604800 seconds)")
+    return value

@@ -10,8 +10,16 @@ from nvfs.backend.directory import DirectoryBackend
 __all__ = ["Backend", "BackendError", "DirectoryBackend", "ObjectNotFound", "StoreLocked", "open_backend"]
 
 
-def open_backend(source: str) -> Backend:
-    """Open the backend that ``source`` names (a directory path; ``s3://`` comes later)."""
+def open_backend(source: str, options: dict[str, str] | None = None) -> Backend:
+    """Open the backend ``source`` names: ``s3://bucket/prefix`` or a directory path.
+
+    ``options`` are the S3 settings (``endpoint_url``, ``region``, ``profile``).
+    """
+    options = options or {}
     if source.startswith("s3://"):
-        raise BackendError("s3:// sources are not supported yet: use a backing directory")
+        from nvfs.backend.s3 import S3Backend  # boto3 is only needed for S3 sources
+
+        return S3Backend(source, **options)
+    if options:
+        raise BackendError(f"options {', '.join(sorted(options))} apply to s3:// sources only")
     return DirectoryBackend(source)

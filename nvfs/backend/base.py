@@ -25,7 +25,12 @@ class Backend(ABC):
     ``durable=False`` the object may be lost in a crash until :meth:`sync` returns; the
     store writes chunks that way and syncs once before it writes the manifest that
     names them.
+
+    A ``shared`` backend may be used by several mounts at once (an S3 bucket); a private
+    one is locked by one daemon (a local directory).
     """
+
+    shared = False
 
     @abstractmethod
     def describe(self) -> str:
@@ -52,8 +57,13 @@ class Backend(ABC):
         """Objects and sub-prefixes directly under ``prefix`` (which ends in ``/``), as names."""
 
     @abstractmethod
+    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
+        """Every key under ``prefix``, recursively, with its modification time (epoch seconds)."""
+
     def iter_keys(self, prefix: str) -> Iterator[str]:
         """Every key under ``prefix``, recursively."""
+        for key, _modified in self.iter_objects(prefix):
+            yield key
 
     @abstractmethod
     def rename(self, src: str, dst: str) -> None:

@@ -117,12 +117,16 @@ class DirectoryBackend(Backend):
             (prefixes if entry.is_dir(follow_symlinks=False) else objects).append(entry.name)
         return objects, prefixes
 
-    def iter_keys(self, prefix: str) -> Iterator[str]:
+    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
         base = self._path(prefix.rstrip("/"))
         for dirpath, _dirnames, filenames in os.walk(base):
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:
-                yield f"{rel}/{name}"
+                try:
+                    modified = os.stat(os.path.join(dirpath, name)).st_mtime
+                except FileNotFoundError:
+                    continue
+                yield f"{rel}/{name}", modified
 
     def rename(self, src: str, dst: str) -> None:
         source, target = self._path(src), self._path(dst)

@@ -73,6 +73,8 @@ class Operations(pyfuse3.Operations):
     def __init__(self, vfs: Vfs) -> None:
         super().__init__()
         self.vfs = vfs
+        # Page cache survives open/close only where no other mount can change a file.
+        self._keep_cache = vfs.config.metadata_ttl is None
 
     def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
         self.vfs.remember(node)
@@ -151,12 +153,12 @@ class Operations(pyfuse3.Operations):
 
     @_translated
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=await self.vfs.open(inode, flags), keep_cache=True)
+        return pyfuse3.FileInfo(fh=await self.vfs.open(inode, flags), keep_cache=self._keep_cache)
 
     @_translated
     async def create(self, parent_inode, name, mode, flags, ctx):
         fh, node = await self.vfs.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(node)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache), self._entry(node)
 
     @_translated
     async def read(self, fh, off, size):

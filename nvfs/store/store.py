@@ -32,6 +32,7 @@ CHUNK_PREFIX = "chunks/"
 DIR_MARKER = "#dir"
 DEFAULT_CHUNK_SIZE = 4 << 20
 _PRESENT_LIMIT = 1 << 20  # chunk ids remembered as stored, for dedup without a backend round trip
+SHARED_GC_GRACE = 3600.0  # seconds a chunk on a shared backend is safe from other mounts' collectors
 
 Path = Sequence[str]
 
@@ -101,19 +102,23 @@ class _SharedExclusiveLock:
 class Store:
     """Files, directories and symlinks of one nvfs store on one backend."""
 
-    def __init__(self, backend: Backend, engine: Engine, superblock: dict) -> None:
+    def __init__(self, backend: Backend, engine: Engine, superblock: dict,
+                 gc_grace: float | None = None) -> None:
         self.backend = backend
         self.engine = engine
         self.superblock = superblock
+        # On a shared backend another mount may be about to name a chunk that no manifest
+        # names yet: only chunks older than the grace period are collected there.
+        self.gc_grace = gc_grace if gc_grace is not None else (SHARED_GC_GRACE if backend.shared else 0.0)
         self._lock = threading.Lock()
         self._gc_lock = _SharedExclusiveLock()
         self._pins: dict[str, int] = {}
         self._gc_touched: set[str] | None = None
         self._namespace_moves = 0
-        self._present: dict[str, tuple[int, str]] = {}
+        self._present: dict[str, tuple[int, str, float]] = {}  # id -> stored size, codec, when stored
 
     @classmethod
-    def open(cls, backend: Backend, engine: Engine) -> Store:
+    def open(cls, backend: Backend, engine: Engine, gc_grace: float | None = None) -> Store:
         """Open the store on ``backend``, creating it if the backend is empty."""
         try:
             superblock = json.loads(backend.get(SUPERBLOCK_KEY))
@@ -130,7 +135,7 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
-        return cls(backend, engine, superblock)
+        return cls(backend, engine, superblock, gc_grace)
 
     @staticmethod
     def _initialise(backend: Backend) -> dict:
@@ -169,12 +174,14 @@ class Store:
             self.pin([cid])
             try:
                 known = self._present.get(cid)
-                if known is None:
+                if known is None or not self._still_safe(known[2]):
                     blob, encoded = encode_chunk(data, self.engine, regions)
                     key = chunk_key(cid)
-                    if not self.backend.exists(key):
+                    # On a shared backend an existing chunk may be collected by another
+                    # mount any moment: store it again, which also renews its age.
+                    if self.backend.shared or not self.backend.exists(key):
                         self.backend.put(key, blob, durable=False)
-                    known = (len(blob), encoded.name)
+                    known = (len(blob), encoded.name, time.time())
                     if len(self._present) >= _PRESENT_LIMIT:
                         self._present.clear()
                     self._present[cid] = known
@@ -182,6 +189,10 @@ class Store:
                 self.unpin([cid])
                 raise
         return ChunkRef(cid, len(data), known[0], known[1])
+
+    def _still_safe(self, stored_at: float) -> bool:
+        """Whether a chunk this mount stored at ``stored_at`` cannot have been collected since."""
+        return not self.backend.shared or time.time() - stored_at < self.gc_grace / 2
 
     def get_chunk(self, ref: ChunkRef) -> bytes | bytearray:
         """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`."""
@@ -299,9 +310,10 @@ class Store:
 
     def _sweep(self, keep: set[str]) -> tuple[int, int]:
         count = freed = 0
-        for key in list(self.backend.iter_keys(CHUNK_PREFIX)):
+        young = time.time() - self.gc_grace
+        for key, modified in list(self.backend.iter_objects(CHUNK_PREFIX)):
             cid = key.rsplit("/", 1)[1]
-            if cid in keep:
+            if cid in keep or (self.gc_grace and modified > young):
                 continue
             known = self._present.pop(cid, None)
             self.backend.delete(key)

@@ -50,6 +50,9 @@ class VfsConfig:
     max_dirty: int = 256 << 20
     readahead: int = 64 << 20
     threads: int = max(4, os.cpu_count() or 1)
+    # Seconds a directory listing is trusted before the store is listed again, so that
+    # files other mounts commit show up; None where this mount is the store's only user.
+    metadata_ttl: float | None = None
 
 
 @dataclass
@@ -117,6 +120,8 @@ class Vfs:
     def _new_node(self, parent: Node, name: str, meta: Manifest, committed: bool) -> Node:
         node = Node(self._next_ino, parent, name, meta, committed)
         node.set_type_bits()
+        if not committed or meta.kind == "symlink":
+            node.changed_at = trio.current_time()
         self._next_ino += 1
         self._nodes[node.ino] = node
         return node
@@ -138,16 +143,38 @@ class Vfs:
             self._nodes.pop(node.ino, None)
 
     async def children(self, directory: Node) -> dict[str, Node]:
+        """The entries of a directory, listed from the store on first use (and when stale)."""
         if not directory.is_dir:
             raise VfsError(errno.ENOTDIR)
-        if directory.children is None:
+        ttl = self.config.metadata_ttl
+        started = trio.current_time()
+        if directory.children is None or (ttl is not None and started - directory.listed_at > ttl):
             entries = await self._run(self.store.list_dir, directory.path())
             if directory.children is None:
                 directory.children = {
                     name: self._new_node(directory, name, meta, committed=True)
                     for name, meta in sorted(entries.items())
                 }
+            else:
+                self._merge_listing(directory, entries, started)
+            directory.listed_at = started
         return directory.children
+
+    def _merge_listing(self, directory: Node, entries: dict[str, Manifest], started: float) -> None:
+        """Take in what other mounts changed; local changes since the listing began win."""
+        assert directory.children is not None
+        for name, node in list(directory.children.items()):
+            if node.changed_at >= started or node.is_busy():
+                continue
+            meta = entries.get(name)
+            if meta is None or meta.kind != node.kind:
+                if node.manifest is not None or node.kind != "file":
+                    self._detach(directory, node, collect=False)
+            elif meta.kind != "dir" and meta.to_bytes() != node.to_manifest().to_bytes():
+                node.take_attributes(meta)
+        for name, meta in entries.items():
+            if name not in directory.children:
+                directory.children[name] = self._new_node(directory, name, meta, committed=True)
 
     async def lookup(self, parent_ino: int, name: str) -> Node:
         parent = self.node(parent_ino)
@@ -258,7 +285,8 @@ class Vfs:
             await self._run(self.store.delete_entry, node.path(), node.kind)
         self._detach(parent, node)
 
-    def _detach(self, parent: Node, node: Node) -> None:
+    def _detach(self, parent: Node, node: Node, *, collect: bool = True) -> None:
+        """Take ``node`` out of the tree; ``collect`` when this freed chunks in the store."""
         assert parent.children is not None
         del parent.children[node.name]
         parent.mtime_ns = parent.ctime_ns = time.time_ns()
@@ -266,7 +294,7 @@ class Vfs:
         node.unlinked = True
         node.parent = None
         node.manifest = None
-        if had_chunks:
+        if had_chunks and collect:
             self._request_gc()
         if node.content is None:
             self._maybe_drop(node)
@@ -296,6 +324,7 @@ class Vfs:
         assert old_parent.children is not None
         del old_parent.children[old_name]
         node.parent, node.name = new_parent, new_name
+        node.changed_at = trio.current_time()
         new_children[new_name] = node
         now = time.time_ns()
         old_parent.mtime_ns = new_parent.mtime_ns = node.ctime_ns = now
@@ -413,6 +442,7 @@ class Vfs:
         await self._run(self.store.write_entry, node.path(), manifest)
         if manifest.kind == "file":
             node.manifest = manifest
+        node.changed_at = trio.current_time()
         if content is not None:
             content.dirty = False
         node.meta_dirty = False

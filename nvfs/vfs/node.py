@@ -53,6 +53,8 @@ class Node:
         self.unlinked = False
         self.meta_dirty = False
         self.lock = trio.Lock()
+        self.listed_at = 0.0  # directories: when the store was last listed (trio clock)
+        self.changed_at = 0.0  # last local create, commit or rename (trio clock)
 
     @property
     def is_dir(self) -> bool:
@@ -91,6 +93,17 @@ class Node:
         blocks = -(-self.stored_size() // 512) if self.kind == "file" else 0
         return Stat(self.ino, self.mode, nlink, self.uid, self.gid, self.size(), blocks,
                     self.mtime_ns, self.ctime_ns)
+
+    def is_busy(self) -> bool:
+        """Whether local state (open files, uncommitted data) must win over the store's."""
+        return self.open_count > 0 or self.content is not None or self.meta_dirty
+
+    def take_attributes(self, meta: Manifest) -> None:
+        """Adopt attributes (and, for a file, the content map) committed elsewhere."""
+        self.mode, self.uid, self.gid = meta.mode, meta.uid, meta.gid
+        self.mtime_ns, self.ctime_ns, self.target = meta.mtime_ns, meta.ctime_ns, meta.target
+        if self.kind == "file":
+            self.manifest = meta
 
     def to_manifest(self) -> Manifest:
         """The manifest that persists this node's current attributes (and content map)."""

@@ -1,0 +1,167 @@
+"""A backend on any S3-compatible object store (AWS, SeaweedFS, MinIO, Ceph RGW, StorageGRID).
+
+Object ``k`` is the S3 object ``<prefix>/k`` in the bucket. Credentials come from boto3's
+standard chain (environment, shared config and credential files, instance roles); nvfs
+never takes them as options, so they never show in ``ps`` or in logs.
+
+S3 puts are atomic and durable when they return, so ``sync`` has nothing to do. Renames
+are copy-then-delete and not atomic; nvfs renames only manifests (small objects).
+Several mounts may share a bucket: the backend is ``shared``, which makes the store
+re-upload chunks instead of trusting that an existing one survives, and keeps garbage
+collection away from young chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import datetime
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from nvfs.backend.base import Backend, BackendError, ObjectNotFound
+
+log = logging.getLogger(__name__)
+
+_NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+
+
+class S3Backend(Backend):
+    """Objects under ``s3://bucket/prefix``."""
+
+    shared = True
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 profile: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0,
+                 max_attempts: int = 6, max_connections: int = 64) -> None:
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise BackendError(f"{url}: no bucket name (expected s3://bucket/prefix)")
+        self.url = url
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        config = Config(
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            max_pool_connections=max_connections,
+            s3={"addressing_style": "path"} if endpoint_url else None,
+        )
+        try:
+            session = boto3.Session(profile_name=profile, region_name=region)
+            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        except BotoCoreError as exc:
+            raise BackendError(f"{url}: {exc}") from exc
+        self._check_bucket()
+
+    def _check_bucket(self) -> None:
+        """Fail at mount time, with a plain reason, rather than on the first write."""
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except NoCredentialsError:
+            raise BackendError(f"{self.url}: no AWS credentials (environment, profile or role)") from None
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise BackendError(f"{self.url}: bucket {self.bucket!r} does not exist") from None
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise BackendError(f"{self.url}: access denied (check the credentials)") from None
+            raise BackendError(f"{self.url}: {code or exc}") from None
+        except BotoCoreError as exc:
+            raise BackendError(f"{self.url}: cannot reach the endpoint: {exc}") from None
+
+    def describe(self) -> str:
+        return self.url
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                raise ObjectNotFound(key) from None
+            raise BackendError(f"GET {key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"GET {key}: {exc}") from exc
+
+    def put(self, key: str, data: bytes, *, durable: bool) -> None:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            raise BackendError(f"PUT {key}: {exc}") from exc
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except (ClientError, BotoCoreError) as exc:
+            raise BackendError(f"DELETE {key}: {exc}") from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                return False
+            raise BackendError(f"HEAD {key}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"HEAD {key}: {exc}") from exc
+
+    def _pages(self, prefix: str, delimiter: str | None) -> Iterator[dict]:
+        arguments = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
+        if delimiter:
+            arguments["Delimiter"] = delimiter
+        try:
+            yield from self._client.get_paginator("list_objects_v2").paginate(**arguments)
+        except (ClientError, BotoCoreError) as exc:
+            raise BackendError(f"LIST {prefix}: {exc}") from exc
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        objects: list[str] = []
+        prefixes: list[str] = []
+        start = len(self._key(prefix))
+        for page in self._pages(prefix, "/"):
+            objects.extend(item["Key"][start:] for item in page.get("Contents", []))
+            prefixes.extend(item["Prefix"][start:].rstrip("/") for item in page.get("CommonPrefixes", []))
+        return [name for name in objects if name], prefixes
+
+    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
+        start = len(self.prefix)
+        for page in self._pages(prefix, None):
+            for item in page.get("Contents", []):
+                modified: datetime = item["LastModified"]
+                yield item["Key"][start:], modified.timestamp()
+
+    def rename(self, src: str, dst: str) -> None:
+        try:
+            self._client.copy_object(Bucket=self.bucket, Key=self._key(dst),
+                                     CopySource={"Bucket": self.bucket, "Key": self._key(src)})
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                raise ObjectNotFound(src) from None
+            raise BackendError(f"COPY {src}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise BackendError(f"COPY {src}: {exc}") from exc
+        self.delete(src)
+
+    def rename_prefix(self, src: str, dst: str) -> None:
+        for key in list(self.iter_keys(src)):
+            self.rename(key, dst + key[len(src):])
+
+    def sync(self) -> None:
+        """Nothing to do: an S3 put is durable when it returns."""
+
+    def is_empty(self) -> bool:
+        for page in self._pages("", None):
+            return not page.get("Contents")
+        return True
+
+    def lock(self) -> None:
+        """Several mounts may share a bucket; there is nothing to lock."""
+
+    def capacity(self) -> tuple[int, int] | None:
+        return None
