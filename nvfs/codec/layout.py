@@ -30,7 +30,17 @@ _MAX_HEADER = 100 << 20  # largest safetensors header or data.pkl we are willing
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_SIGNATURE = b"PK\x03\x04"
 _DESCRIPTOR_SIGNATURE = b"PK\x07\x08"
-_END_SIGNATURES = (b"PK\x01\x02", b"PK\x05\x06", b"PK\x06\x06")
+_CENTRAL_SIGNATURE = b"PK\x01\x02"
+_END_SIGNATURES = (_CENTRAL_SIGNATURE, b"PK\x05\x06", b"PK\x06\x06")
+# Records after the entries: their signature -> (fixed length, offset and width of the
+# variable part's length fields). torch.distributed.checkpoint writes many torch.save
+# archives back to back, so after one archive's end record another may begin.
+_TRAILER_RECORDS = {
+    _CENTRAL_SIGNATURE: (46, ((28, 2), (30, 2), (32, 2))),
+    b"PK\x06\x06": (12, ((4, 8),)),
+    b"PK\x06\x07": (20, ()),
+    b"PK\x05\x06": (22, ((20, 2),)),
+}
 _STORAGE_ENTRY = re.compile(r"(?:^|/)data/([^/]+)$")
 _SCAN_LIMIT = 1 << 20  # small zip entries of unknown size are found by scanning this far
 
@@ -205,10 +215,8 @@ class _TorchZipParser(_Parser):
         if not self._buffer.has(position, 4):
             return False
         signature = self._buffer.get(position, 4)
-        if signature in _END_SIGNATURES:
-            self.known_until = 1 << 62  # the central directory: every entry has been seen
-            self.stopped = True
-            return False
+        if signature in _TRAILER_RECORDS:
+            return self._skip_trailer_record(position, signature)
         if signature != _LOCAL_SIGNATURE:
             raise ValueError("not a zip local header")
         if not self._buffer.has(position, _LOCAL_HEADER.size):
@@ -221,6 +229,20 @@ class _TorchZipParser(_Parser):
             return False
         name = self._buffer.get(position + _LOCAL_HEADER.size, name_length).decode(errors="replace")
         return self._entry(name, position + _LOCAL_HEADER.size + name_length + extra_length)
+
+    def _skip_trailer_record(self, position: int, signature: bytes) -> bool:
+        """Step over a central directory or end record (the archive's storages end with it)."""
+        fixed, variable_fields = _TRAILER_RECORDS[signature]
+        if not self._buffer.has(position, fixed):
+            return False
+        record = self._buffer.get(position, fixed)
+        length = fixed + sum(int.from_bytes(record[at : at + width], "little")
+                             for at, width in variable_fields)
+        if signature == b"PK\x05\x06":
+            self._storages = {}  # a following archive numbers its storages anew
+        self.known_until = position + length
+        self._buffer.drop_before(self.known_until)
+        return True
 
     def _entry(self, name: str, data_start: int) -> bool:
         if name.endswith("data.pkl"):
