@@ -70,36 +70,50 @@ class Span:
 
 
 class _Buffer:
-    """The bytes of a file from ``base`` on, as far as they have been fed."""
+    """The bytes of a file from ``base`` on, as far as they have been fed.
+
+    Dropping consumed bytes only moves ``base``; the storage is compacted once most of it
+    is consumed, so that stepping over many small records is not quadratic.
+    """
 
     def __init__(self) -> None:
-        self.base = 0
+        self.base = 0  # file offset of data[start]
+        self.start = 0
         self.data = bytearray()
 
     @property
     def end(self) -> int:
-        return self.base + len(self.data)
+        return self.base + len(self.data) - self.start
 
     def feed(self, offset: int, data: bytes, keep_from: int) -> None:
-        start = max(offset, keep_from)
-        if start < offset + len(data):
-            if not self.data:
-                self.base = start
-            self.data += data[start - offset :]
+        begin = max(offset, keep_from)
+        if begin < offset + len(data):
+            if self.end != begin:
+                self.base, self.start, self.data = begin, 0, bytearray()
+            self.data += data[begin - offset :]
         self.drop_before(keep_from)
 
     def drop_before(self, offset: int) -> None:
         if offset >= self.end:
-            self.base, self.data = offset, bytearray()
+            self.base, self.start, self.data = offset, 0, bytearray()
         elif offset > self.base:
-            del self.data[: offset - self.base]
+            self.start += offset - self.base
             self.base = offset
+            if self.start > len(self.data) // 2:
+                del self.data[: self.start]
+                self.start = 0
 
     def has(self, start: int, length: int) -> bool:
         return start >= self.base and start + length <= self.end
 
     def get(self, start: int, length: int) -> bytes:
-        return bytes(self.data[start - self.base : start - self.base + length])
+        at = self.start + start - self.base
+        return bytes(self.data[at : at + length])
+
+    def find(self, pattern: bytes, start: int) -> int:
+        """File offset of ``pattern`` at or after ``start``, or -1."""
+        found = self.data.find(pattern, self.start + max(0, start - self.base))
+        return -1 if found < 0 else self.base + found - self.start
 
 
 class _Parser:
@@ -255,31 +269,36 @@ class _TorchZipParser(_Parser):
         return self._scan_small_entry(data_start)
 
     def _pickle(self, data_start: int) -> bool:
+        """Read ``data.pkl`` once all of it is here; try growing windows, as pickles are small."""
         available = self._buffer.end - data_start
-        if available <= 0:
-            return False
-        stream = io.BytesIO(self._buffer.get(data_start, available))
-        unpickler = _StorageUnpickler(stream)
-        try:
-            unpickler.load()
-        except (EOFError, pickle.UnpicklingError, IndexError, struct.error):
-            if available > _MAX_HEADER:
-                raise ValueError("data.pkl is too large") from None
-            return False  # incomplete so far
-        self._storages = unpickler.storages
-        return self._after_entry(data_start + stream.tell())
+        window = 64 << 10
+        while available > 0:
+            size = min(window, available)
+            stream = io.BytesIO(self._buffer.get(data_start, size))
+            unpickler = _StorageUnpickler(stream)
+            try:
+                unpickler.load()
+            except (EOFError, pickle.UnpicklingError, IndexError, struct.error):
+                if size < available:
+                    window *= 4
+                    continue
+                if available > _MAX_HEADER:
+                    raise ValueError("data.pkl is too large") from None
+                return False  # incomplete so far
+            self._storages = unpickler.storages
+            return self._after_entry(data_start + stream.tell())
+        return False
 
     def _scan_small_entry(self, data_start: int) -> bool:
         """Find the data descriptor of an entry whose size only the descriptor states."""
         window = self._buffer.end - data_start
         search_from = data_start
         while True:
-            found = self._buffer.data.find(_DESCRIPTOR_SIGNATURE, search_from - self._buffer.base)
-            if found < 0:
+            descriptor = self._buffer.find(_DESCRIPTOR_SIGNATURE, search_from)
+            if descriptor < 0:
                 if window > _SCAN_LIMIT:
                     raise ValueError("zip entry of unknown size is too large to scan")
                 return False
-            descriptor = self._buffer.base + found
             if not self._buffer.has(descriptor, 12):
                 return False
             (size,) = struct.unpack("<I", self._buffer.get(descriptor + 8, 4))
