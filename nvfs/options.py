@@ -88,7 +88,11 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
     if value is None:
         raise OptionError(f"unknown option {name!r}" if name not in _VALUED else f"{name} needs a value")
     if name in _SIZE_OPTIONS:
-        setattr(options.vfs, name, _bounded(name, parse_size(value), *_SIZE_OPTIONS[name]))
+        try:
+            size = parse_size(value)
+        except OptionError as exc:
+            raise OptionError(f"{name}: {exc}") from None
+        setattr(options.vfs, name, _bounded(name, size, *_SIZE_OPTIONS[name]))
     elif name == "threads":
         options.vfs.threads = _bounded(name, _integer(name, value), 1, 256)
     elif name == "level":

@@ -62,11 +62,17 @@ class Mount:
     def log(self) -> str:
         return self.log_file.read_text() if self.log_file.exists() else ""
 
+    def is_in_mount_table(self) -> bool:
+        """Mounted, even if dead: ``os.path.ismount`` says no once the daemon is gone (ENOTCONN)."""
+        with open("/proc/self/mountinfo") as table:
+            return any(line.split()[4] == str(self.mountpoint) for line in table)
+
     def force_cleanup(self) -> None:
         """Tear down whatever a failed test left behind, so later tests get a clean slate."""
-        if os.path.ismount(self.mountpoint):
-            if nvfs("umount", str(self.mountpoint)).returncode != 0:
-                subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)
+        if not self.is_in_mount_table():
+            return
+        if not os.path.ismount(self.mountpoint) or nvfs("umount", str(self.mountpoint)).returncode != 0:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)
 
 
 @pytest.fixture

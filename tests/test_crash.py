@@ -7,6 +7,7 @@ overwritten file keeps its old contents (never a mix), and the store can be moun
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -86,6 +87,31 @@ def _wait_until_dead(pid: int, timeout: float = 30) -> None:
         assert readable, f"process {pid} is still alive {timeout:.0f}s after SIGKILL"
     finally:
         os.close(pidfd)
+
+
+def _detach_if_dead(mountpoint: Path) -> None:
+    """Lazily unmount a mount whose daemon died (the fixtures' cleanup does not see it: a dead
+    FUSE mount answers ENOTCONN, so os.path.ismount() says False)."""
+    try:
+        os.lstat(mountpoint)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+
+
+@pytest.fixture
+def mount_factory(mount_factory):
+    """The conftest factory, plus a lazy unmount of mounts left dead by a failed test."""
+    made = []
+
+    def make(*args, **kwargs):
+        mount = mount_factory(*args, **kwargs)
+        made.append(mount)
+        return mount
+
+    yield make
+    for mount in made:
+        _detach_if_dead(mount.mountpoint)
 
 
 def _crash_during_write(mount, path: Path, mode: str) -> None:

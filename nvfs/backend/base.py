@@ -89,5 +89,8 @@ class Backend(ABC):
     def capacity(self) -> tuple[int, int] | None:
         """``(total_bytes, free_bytes)`` of the underlying storage, or ``None`` if unbounded."""
 
+    def discard_incomplete(self) -> None:  # noqa: B027 - optional hook
+        """Remove leftovers of writes a crash interrupted; called once the store is validated."""
+
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release the lock and any resources."""

@@ -160,7 +160,7 @@ class DirectoryBackend(Backend):
             raise OSError(err, f"syncfs({self.root}) failed: {os.strerror(err)}")
 
     def is_empty(self) -> bool:
-        return not any(entry.name != _TMP for entry in os.scandir(self.root))
+        return not any(os.scandir(self.root))
 
     def lock(self) -> None:
         try:
@@ -169,6 +169,8 @@ class DirectoryBackend(Backend):
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StoreLocked(f"{self.root} is in use by another nvfs daemon") from exc
             raise
+
+    def discard_incomplete(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def capacity(self) -> tuple[int, int] | None:

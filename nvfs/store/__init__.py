@@ -3,6 +3,7 @@
 from nvfs.codec import LayoutTracker
 from nvfs.store.chunk import ChunkCorrupt
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError
-from nvfs.store.store import Store, StoreError
+from nvfs.store.store import ChunkUnreadable, Store, StoreError
 
-__all__ = ["ChunkCorrupt", "ChunkRef", "LayoutTracker", "Manifest", "ManifestError", "Store", "StoreError"]
+__all__ = ["ChunkCorrupt", "ChunkRef", "ChunkUnreadable", "LayoutTracker", "Manifest", "ManifestError",
+           "Store", "StoreError"]

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from nvfs.backend import Backend, ObjectNotFound
+from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import Engine, LayoutTracker, Region
 from nvfs.store.chunk import ChunkCorrupt, chunk_id, decode_chunk, encode_chunk
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
@@ -39,6 +39,10 @@ Path = Sequence[str]
 
 class StoreError(Exception):
     """The backend does not hold a usable nvfs store."""
+
+
+class ChunkUnreadable(Exception):
+    """The backend failed to return a chunk (unreachable, refused); its bytes are unknown."""
 
 
 def encode_name(name: str) -> str:
@@ -135,6 +139,7 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
+        backend.discard_incomplete()
         return cls(backend, engine, superblock, gc_grace)
 
     @staticmethod
@@ -200,6 +205,8 @@ class Store:
             blob = self.backend.get(chunk_key(ref.id))
         except ObjectNotFound:
             raise ChunkCorrupt("chunk object is missing") from None
+        except BackendError as exc:
+            raise ChunkUnreadable(str(exc)) from exc
         data = decode_chunk(blob, self.engine, ref.id)
         if len(data) != ref.length:
             raise ChunkCorrupt(f"chunk holds {len(data)} bytes, manifest says {ref.length}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from nvfs.store import ChunkCorrupt, Manifest, Store
+from nvfs.store import ChunkCorrupt, ChunkUnreadable, Manifest, Store
 from nvfs.vfs.cache import ChunkCache
 from nvfs.vfs.content import FileContent, Slot
 from nvfs.vfs.node import Node, Stat
@@ -600,7 +600,7 @@ class Vfs:
         except ChunkCorrupt as exc:
             log.error("%s: chunk %d (%s) failed verification: %s", node.display_path(), index, ref.id, exc)
             raise VfsError(errno.EIO) from None
-        except OSError as exc:
+        except (ChunkUnreadable, OSError) as exc:
             log.error("%s: chunk %d (%s) could not be read: %s", node.display_path(), index, ref.id, exc)
             raise VfsError(errno.EIO) from None
 
@@ -613,16 +613,15 @@ class Vfs:
             pending = self._fetching.get(ref.id)
             if pending is None:
                 break
-            await pending.wait()
-            if ref.id not in self._cache:
-                break  # that fetch failed or its result was evicted already: fetch ourselves
+            await pending.wait()  # then look again: that fetch may have failed or been evicted
         done = self._fetching[ref.id] = trio.Event()
         try:
             data = await self._run(self.store.get_chunk, ref)
             self._cache.put(ref.id, data)
             return data
         finally:
-            del self._fetching[ref.id]
+            if self._fetching.get(ref.id) is done:
+                del self._fetching[ref.id]
             done.set()
 
     def _read_ahead(self, handle: Handle, content: FileContent, offset: int, end: int) -> None:
@@ -648,8 +647,8 @@ class Vfs:
     async def _prefetch(self, ref) -> None:
         try:
             await self._fetch(ref)
-        except (ChunkCorrupt, OSError) as exc:
-            log.debug("read-ahead of chunk %s failed (the read will report it): %s", ref.id, exc)
+        except Exception as exc:  # read-ahead is a guess: the read itself reports failures
+            log.debug("read-ahead of chunk %s failed: %s", ref.id, exc)
 
     # ----- store-wide -----------------------------------------------------------------------
 
