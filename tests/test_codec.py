@@ -165,3 +165,15 @@ def test_pickle_is_read_without_running_code(tmp_path):
     found = _kinds_found(buffer.getvalue(), 1 << 22)
     assert found["FP32"] == 4000
     assert not marker.exists()
+
+
+def test_layout_of_a_distributed_checkpoint_shard(tmp_path):
+    """torch.distributed.checkpoint shards are torch.save archives back to back."""
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    state = {f"w{i}": torch.randn(64, 64) for i in range(20)}
+    with pytest.warns(UserWarning):  # no process group: torch says it assumes one process
+        dcp.save(state, checkpoint_id=str(tmp_path))
+    shard = next(tmp_path.glob("*.distcp")).read_bytes()
+    found = _kinds_found(shard, 65536)
+    assert found["FP32"] >= 0.99 * 20 * 64 * 64 * 4  # values cut by a chunk boundary stay bytes

@@ -387,21 +387,24 @@ def _regions(spans: list[Span], start: int, end: int) -> list[Region]:
     return _coalesce(regions)
 
 
-_MERGE_GAP = 4096  # zip records between two tensors of one dtype are coded with them
+_MERGE_GAP = 4096  # zip records between two small tensors of one dtype are coded with them
+_SMALL_REGION = 256 << 10
 
 
 def _coalesce(regions: list[Region]) -> list[Region]:
-    """Merge ``kind, small gap, kind`` into one region: fewer, larger planes code faster.
+    """Merge ``small kind, small gap, kind`` into one region: fewer, larger planes code faster.
 
     The transform is exact for any bytes, so a few header bytes coded as floats cost a
-    few bytes at most, while every region boundary costs a zstd frame per plane.
+    few bytes at most, while every region boundary costs a zstd frame per plane. Large
+    tensors keep planes of their own: their statistics differ (Adam's m and v do).
     """
     merged: list[Region] = []
     for region in regions:
         if len(merged) >= 2 and region.kind != ElementKind.BYTES:
             gap, before = merged[-1], merged[-2]
             if (gap.kind == ElementKind.BYTES and before.kind == region.kind and gap.length <= _MERGE_GAP
-                    and gap.length % ITEM_SIZE[region.kind] == 0):
+                    and gap.length % ITEM_SIZE[region.kind] == 0
+                    and min(before.length, region.length) < _SMALL_REGION):
                 merged[-2:] = [Region(before.length + gap.length + region.length, region.kind)]
                 continue
         merged.append(region)

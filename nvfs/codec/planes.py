@@ -100,9 +100,10 @@ class PlaneCoder:
     def compress(self, plane: np.ndarray | memoryview, *, float_plane: bool) -> tuple[Codec, bytes]:
         compressor = self._compressors()[0 if float_plane else 1]
         view = memoryview(plane).cast("B")
-        if len(view) > 4 * _SAMPLE:
-            sample = compressor.compress(view[:_SAMPLE])
-            if len(sample) > _MIN_GAIN * _SAMPLE:
+        if len(view) > 8 * _SAMPLE:
+            middle, last = len(view) // 2, len(view) - _SAMPLE
+            samples = (view[:_SAMPLE], view[middle : middle + _SAMPLE], view[last:])
+            if sum(len(compressor.compress(sample)) for sample in samples) > _MIN_GAIN * 3 * _SAMPLE:
                 return Codec.RAW, view.tobytes()
         packed = compressor.compress(view)
         if len(packed) >= len(view):
