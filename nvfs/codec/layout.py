@@ -72,48 +72,67 @@ class Span:
 class _Buffer:
     """The bytes of a file from ``base`` on, as far as they have been fed.
 
-    Dropping consumed bytes only moves ``base``; the storage is compacted once most of it
-    is consumed, so that stepping over many small records is not quadratic.
+    Fed chunks are kept by reference, not copied: only bytes a parser still needs when the
+    next chunk arrives (a header cut by the chunk boundary, a pickle so far) are carried
+    over as a copy, so stepping over tensor data costs nothing per byte.
     """
 
     def __init__(self) -> None:
-        self.base = 0  # file offset of data[start]
-        self.start = 0
-        self.data = bytearray()
+        self.base = 0  # file offset of carry[0]
+        self.carry = b""  # copied bytes from earlier chunks, followed by chunk[at:]
+        self.chunk = b""
+        self.at = 0
 
     @property
     def end(self) -> int:
-        return self.base + len(self.data) - self.start
+        return self.base + len(self.carry) + len(self.chunk) - self.at
 
     def feed(self, offset: int, data: bytes, keep_from: int) -> None:
-        begin = max(offset, keep_from)
-        if begin < offset + len(data):
-            if self.end != begin:
-                self.base, self.start, self.data = begin, 0, bytearray()
-            self.data += data[begin - offset :]
+        if offset != self.end:
+            self.base, self.carry, self.chunk, self.at = offset, b"", b"", 0
+        leftover = self.get(max(keep_from, self.base), max(0, self.end - max(keep_from, self.base)))
+        self.base = max(keep_from, self.base) if leftover else offset
+        self.carry, self.chunk, self.at = leftover, bytes(data), 0
         self.drop_before(keep_from)
 
     def drop_before(self, offset: int) -> None:
+        if offset <= self.base:
+            return
         if offset >= self.end:
-            self.base, self.start, self.data = offset, 0, bytearray()
-        elif offset > self.base:
-            self.start += offset - self.base
-            self.base = offset
-            if self.start > len(self.data) // 2:
-                del self.data[: self.start]
-                self.start = 0
+            self.base, self.carry, self.chunk, self.at = offset, b"", b"", 0
+            return
+        cut = offset - self.base
+        if cut <= len(self.carry):
+            self.carry = self.carry[cut:]
+        else:
+            self.at += cut - len(self.carry)
+            self.carry = b""
+        self.base = offset
 
     def has(self, start: int, length: int) -> bool:
         return start >= self.base and start + length <= self.end
 
     def get(self, start: int, length: int) -> bytes:
-        at = self.start + start - self.base
-        return bytes(self.data[at : at + length])
+        relative = start - self.base
+        if relative >= len(self.carry):
+            begin = self.at + relative - len(self.carry)
+            return self.chunk[begin : begin + length]
+        head = self.carry[relative : relative + length]
+        return head + self.chunk[self.at : self.at + length - len(head)]
 
-    def find(self, pattern: bytes, start: int) -> int:
-        """File offset of ``pattern`` at or after ``start``, or -1."""
-        found = self.data.find(pattern, self.start + max(0, start - self.base))
-        return -1 if found < 0 else self.base + found - self.start
+    def find(self, pattern: bytes, start: int, limit: int) -> int:
+        """File offset of ``pattern`` in ``[start, start + limit)``, or -1."""
+        start = max(start, self.base)
+        relative = start - self.base
+        if relative >= len(self.carry):  # within the fed chunk: search it in place
+            begin = self.at + relative - len(self.carry)
+            found = self.chunk.find(pattern, begin, begin + limit)
+            return -1 if found < 0 else start + found - begin
+        window = self.get(start, min(limit, len(self.carry) - relative + len(pattern)))
+        found = window.find(pattern)
+        if found >= 0:
+            return start + found
+        return self.find(pattern, self.base + len(self.carry), limit - len(window) + len(pattern))
 
 
 class _Parser:
@@ -294,7 +313,7 @@ class _TorchZipParser(_Parser):
         window = self._buffer.end - data_start
         search_from = data_start
         while True:
-            descriptor = self._buffer.find(_DESCRIPTOR_SIGNATURE, search_from)
+            descriptor = self._buffer.find(_DESCRIPTOR_SIGNATURE, search_from, _SCAN_LIMIT)
             if descriptor < 0:
                 if window > _SCAN_LIMIT:
                     raise ValueError("zip entry of unknown size is too large to scan")

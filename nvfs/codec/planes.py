@@ -29,8 +29,8 @@ ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, Ele
 _COUNT = struct.Struct("<I")
 _REGION = struct.Struct("<BQ")
 _PLANE = struct.Struct("<BQ")
-_SAMPLE = 16 << 10  # bytes of a plane compressed to decide whether the whole plane is worth it
-_MIN_GAIN = 0.97  # a plane whose sample does not shrink below this fraction is stored raw
+_SAMPLE = 4 << 10  # bytes per sample when deciding whether a plane is worth compressing
+_RANDOM_BITS = 7.9  # a plane whose samples carry more order-0 entropy per byte is stored raw
 
 
 @dataclass(frozen=True)
@@ -100,11 +100,8 @@ class PlaneCoder:
     def compress(self, plane: np.ndarray | memoryview, *, float_plane: bool) -> tuple[Codec, bytes]:
         compressor = self._compressors()[0 if float_plane else 1]
         view = memoryview(plane).cast("B")
-        if len(view) > 8 * _SAMPLE:
-            middle, last = len(view) // 2, len(view) - _SAMPLE
-            samples = (view[:_SAMPLE], view[middle : middle + _SAMPLE], view[last:])
-            if sum(len(compressor.compress(sample)) for sample in samples) > _MIN_GAIN * 3 * _SAMPLE:
-                return Codec.RAW, view.tobytes()
+        if len(view) >= 4 * _SAMPLE and _looks_random(np.frombuffer(view, dtype=np.uint8)):
+            return Codec.RAW, view.tobytes()
         packed = compressor.compress(view)
         if len(packed) >= len(view):
             return Codec.RAW, view.tobytes()
@@ -124,6 +121,18 @@ class PlaneCoder:
                 raise CodecError(f"zstd plane decoded to {len(data)} bytes, expected {length}")
             return data
         raise CodecError(f"unknown plane codec {codec}")
+
+
+def _looks_random(plane: np.ndarray) -> bool:
+    """Whether samples from the start, middle and end of a plane are near-random bytes.
+
+    Mantissa planes are; trying zstd on them costs more than counting byte values.
+    """
+    middle, last = len(plane) // 2, len(plane) - _SAMPLE
+    sample = np.concatenate((plane[:_SAMPLE], plane[middle : middle + _SAMPLE], plane[last:]))
+    counts = np.bincount(sample, minlength=256)
+    probabilities = counts[counts > 0] / len(sample)
+    return float(-(probabilities * np.log2(probabilities)).sum()) > _RANDOM_BITS
 
 
 def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) -> tuple[bytes, bytes]:
