@@ -1,7 +1,9 @@
-"""Fixtures that mount nvfs for real: a backing directory, a mountpoint and the daemon."""
+"""Fixtures that mount nvfs for real: a store (a backing directory or an S3 bucket on a
+SeaweedFS server started for the session), a mountpoint and the daemon."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -10,12 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.seaweed import SeaweedServer
+
 NVFS = [sys.executable, "-m", "nvfs"]
+_buckets = itertools.count()
 
 
-def nvfs(*args: str, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+def nvfs(*args: str, check: bool = False, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the ``nvfs`` command line; returns the finished process (text output)."""
-    return subprocess.run([*NVFS, *args], capture_output=True, text=True, timeout=timeout, check=check)
+    return subprocess.run([*NVFS, *args], capture_output=True, text=True, timeout=timeout, check=check,
+                          env={**os.environ, **(env or {})})
 
 
 def _fuse_available() -> str | None:
@@ -27,15 +34,29 @@ def _fuse_available() -> str | None:
 
 
 class Mount:
-    """One nvfs mount of ``source`` on ``mountpoint``, logging to ``log_file``."""
+    """One nvfs mount of a store on ``mountpoint``, logging to ``log_file``.
 
-    def __init__(self, root: Path, options: tuple[str, ...] = ()) -> None:
+    The store is the directory ``source``, or with ``s3`` a fresh bucket on that server
+    (``source`` is then unused). ``keys``, ``read_object``, ``write_object`` and
+    ``delete_object`` reach behind nvfs's back into either kind of store.
+    """
+
+    def __init__(self, root: Path, options: tuple[str, ...] = (), s3: SeaweedServer | None = None) -> None:
         self.source = root / "store"
         self.mountpoint = root / "mnt"
         self.log_file = root / "nvfs.log"
         self.options = options
+        self.s3 = s3
+        self.env: dict[str, str] = {}
         self.source.mkdir(exist_ok=True)
         self.mountpoint.mkdir(exist_ok=True)
+        if s3 is not None:
+            self.bucket = s3.create_bucket(f"nvfs-{os.getpid()}-{next(_buckets)}")
+            self.url = f"s3://{self.bucket}/store"
+            self.options = (*options, f"endpoint_url={s3.endpoint_url}")
+            self.env = s3.environ()
+        else:
+            self.url = str(self.source)
 
     @property
     def path(self) -> Path:
@@ -43,9 +64,36 @@ class Mount:
 
     def mount(self, *extra: str) -> None:
         options = ",".join((f"log_file={self.log_file}", "log_level=debug", *self.options, *extra))
-        result = nvfs("mount", str(self.source), str(self.mountpoint), "-o", options)
+        result = nvfs("mount", self.url, str(self.mountpoint), "-o", options, env=self.env)
         assert result.returncode == 0, f"mount failed: {result.stderr}\n{self.log()}"
         assert os.path.ismount(self.mountpoint)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object key of the store under ``prefix``, sorted."""
+        if self.s3 is None:
+            base = self.source / prefix if prefix else self.source
+            found = [path.relative_to(self.source).as_posix() for path in base.rglob("*") if path.is_file()]
+            return sorted(key for key in found if not key.startswith(".tmp/"))
+        pages = self.s3.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                           Prefix=f"store/{prefix}")
+        return sorted(item["Key"][len("store/"):] for page in pages for item in page.get("Contents", []))
+
+    def read_object(self, key: str) -> bytes:
+        if self.s3 is None:
+            return (self.source / key).read_bytes()
+        return self.s3.client().get_object(Bucket=self.bucket, Key=f"store/{key}")["Body"].read()
+
+    def write_object(self, key: str, data: bytes) -> None:
+        if self.s3 is None:
+            (self.source / key).write_bytes(data)
+        else:
+            self.s3.client().put_object(Bucket=self.bucket, Key=f"store/{key}", Body=data)
+
+    def delete_object(self, key: str) -> None:
+        if self.s3 is None:
+            (self.source / key).unlink()
+        else:
+            self.s3.client().delete_object(Bucket=self.bucket, Key=f"store/{key}")
 
     def umount(self) -> None:
         result = nvfs("umount", str(self.mountpoint))
@@ -75,18 +123,37 @@ class Mount:
             subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)
 
 
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """A SeaweedFS S3 server on 127.0.0.1 for the whole session."""
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(params=["dir", "s3"])
+def backend(request) -> str:
+    """Run a test against both kinds of store: a local directory and S3."""
+    return request.param
+
+
 @pytest.fixture
-def mount_factory(tmp_path):
-    """Make (unmounted) :class:`Mount` objects under ``tmp_path``; all are torn down at the end."""
+def mount_factory(tmp_path, request):
+    """Make (unmounted) :class:`Mount` objects under ``tmp_path``; all are torn down at the end.
+
+    ``make(backend="s3")`` puts the store in a fresh bucket of the session's S3 server.
+    """
     made: list[Mount] = []
     reason = _fuse_available()
     if reason:
         pytest.skip(reason)
 
-    def make(name: str = "m", options: tuple[str, ...] = ()) -> Mount:
+    def make(name: str = "m", options: tuple[str, ...] = (), backend: str = "dir") -> Mount:
         root = tmp_path / name
         root.mkdir(exist_ok=True)
-        mount = Mount(root, options)
+        s3 = request.getfixturevalue("seaweed") if backend == "s3" else None
+        mount = Mount(root, options, s3)
         made.append(mount)
         return mount
 
@@ -96,8 +163,8 @@ def mount_factory(tmp_path):
 
 
 @pytest.fixture
-def mounted(mount_factory) -> Mount:
-    """A fresh store, mounted."""
-    mount = mount_factory()
+def mounted(mount_factory, backend) -> Mount:
+    """A fresh store, mounted: once on a backing directory, once on S3."""
+    mount = mount_factory(backend=backend)
     mount.mount()
     return mount
