@@ -60,6 +60,10 @@ class Backend(ABC):
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
         """Every key under ``prefix``, recursively, with its modification time (epoch seconds)."""
 
+    def has_objects(self, prefix: str) -> bool:
+        """Whether any object lives under ``prefix`` (listings may show prefixes that are gone)."""
+        return next(iter(self.iter_objects(prefix)), None) is not None
+
     def iter_keys(self, prefix: str) -> Iterator[str]:
         """Every key under ``prefix``, recursively."""
         for key, _modified in self.iter_objects(prefix):

@@ -232,10 +232,13 @@ class Store:
 
     def read_dir_meta(self, path: Path) -> Manifest:
         """Attributes of a directory; a prefix without a marker gets defaults."""
+        return self._dir_marker(path) or default_dir_manifest(time.time_ns())
+
+    def _dir_marker(self, path: Path) -> Manifest | None:
         try:
             return Manifest.from_bytes(self.backend.get(dir_prefix(path) + DIR_MARKER))
         except ObjectNotFound:
-            return default_dir_manifest(time.time_ns())
+            return None
 
     def list_dir(self, path: Path) -> dict[str, Manifest]:
         """Every entry of a directory with its manifest. Unreadable manifests are logged, skipped."""
@@ -252,8 +255,16 @@ class Store:
                 log.error("skipping %s: %s", prefix + component, exc)
         for component in prefixes:
             name = decode_name(component)
-            if name is not None:
-                entries[name] = self.read_dir_meta((*path, name))
+            if name is None:
+                continue
+            meta = self._dir_marker((*path, name))
+            if meta is None:
+                # A directory another tool made (keys only), or a prefix an object store
+                # still lists after its last object went: only the first kind is real.
+                if not self.backend.has_objects(prefix + component + "/"):
+                    continue
+                meta = default_dir_manifest(time.time_ns())
+            entries[name] = meta
         return entries
 
     def write_entry(self, path: Path, manifest: Manifest) -> None:
