@@ -45,8 +45,18 @@ class ChunkUnreadable(Exception):
     """The backend failed to return a chunk (unreachable, refused); its bytes are unknown."""
 
 
+_BYTES_NAME = "#x"  # a name that is not UTF-8, as hex of its bytes (object keys must be UTF-8)
+
+
 def encode_name(name: str) -> str:
-    """Key component for a file name; names starting with ``#`` get one more, keeping ``#dir`` free."""
+    """Key component for a file name (a str with surrogate escapes for non-UTF-8 bytes).
+
+    Names starting with ``#`` get one more ``#``, keeping single-``#`` components for nvfs.
+    """
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return _BYTES_NAME + name.encode(errors="surrogateescape").hex()
     return "#" + name if name.startswith("#") else name
 
 
@@ -54,6 +64,11 @@ def decode_name(component: str) -> str | None:
     """File name for a key component, or ``None`` for reserved components such as ``#dir``."""
     if component.startswith("##"):
         return component[1:]
+    if component.startswith(_BYTES_NAME):
+        try:
+            return bytes.fromhex(component[len(_BYTES_NAME):]).decode(errors="surrogateescape")
+        except ValueError:
+            return None
     return None if component.startswith("#") else component
 
 

@@ -39,6 +39,7 @@ class FileContent:
         self.dirty = False
         self.dirty_slots: dict[int, None] = {}  # slots with a buffer, oldest first
         self.error: BaseException | None = None
+        self.orphaned = False  # chunks were stored that no manifest may name: collect garbage
         self._uploads = 0
         self._idle = trio.Event()
         self._idle.set()

@@ -365,7 +365,11 @@ class Vfs:
             return
         if content.dirty and not node.unlinked:
             return  # uncommitted data stays until a commit succeeds or the mount ends
-        self.store.unpin(content.pinned_ids())
+        held = content.pinned_ids()
+        self.store.unpin(held)
+        committed = {ref.id for ref in node.manifest.chunks if ref} if node.manifest else set()
+        if content.orphaned or not committed.issuperset(held):
+            self._request_gc()  # chunks stored for data that no manifest will name
         for slot in content.slots:
             slot.version += 1
         node.content = None
@@ -446,8 +450,11 @@ class Vfs:
         if content is not None:
             content.dirty = False
         node.meta_dirty = False
-        if replaced is not None and manifest.kind == "file" and replaced.chunks != manifest.chunks:
+        changed = replaced is not None and manifest.kind == "file" and replaced.chunks != manifest.chunks
+        if changed or (content is not None and content.orphaned):
             self._request_gc()
+            if content is not None:
+                content.orphaned = False
         log.debug("committed %s: %d bytes", node.display_path(), node.size())
 
     # ----- writing ----------------------------------------------------------------------
@@ -496,16 +503,17 @@ class Vfs:
             base = await self._chunk_bytes(node, index, slot)
         else:
             base = b""
-        self._replace_ref(slot, None)
+        self._replace_ref(content, slot, None)
         slot.buffer = bytearray(base[: content.slot_length(index)])
         slot.frozen = None
         slot.version += 1
         content.dirty_slots[index] = None
         return slot.buffer
 
-    def _replace_ref(self, slot: Slot, ref) -> None:
+    def _replace_ref(self, content: FileContent, slot: Slot, ref) -> None:
         if slot.ref is not None:
             self.store.unpin([slot.ref.id])
+            content.orphaned = True
         slot.ref = ref
 
     async def _submit(self, node: Node, index: int) -> None:
@@ -533,10 +541,11 @@ class Vfs:
             content.error = exc
         else:
             if slot.version == version:
-                self._replace_ref(slot, ref)
+                self._replace_ref(content, slot, ref)
                 slot.frozen = None
             else:
                 self.store.unpin([ref.id])  # overwritten or truncated while it was stored
+                content.orphaned = True
         finally:
             self._inflight.release()
             content.end_upload()
@@ -552,7 +561,7 @@ class Vfs:
             content.grow(size)
             return
         for dropped in content.shrink(size):
-            self._replace_ref(dropped, None)
+            self._replace_ref(content, dropped, None)
         index, keep = divmod(size, content.chunk_size)
         if keep and index < len(content.slots):
             buffer = await self._writable_buffer(node, content, index, 0, 0)
