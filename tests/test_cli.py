@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from conftest import nvfs
+from tests.conftest import nvfs
 
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import Mount
+
+from tests.conftest import Mount
 
 REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "mount_helpers" / "mount.fuse.nvfs"

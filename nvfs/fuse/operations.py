@@ -68,7 +68,9 @@ class Operations(pyfuse3.Operations):
     """The kernel's view of a :class:`Vfs`."""
 
     supports_dot_lookup = True
-    enable_writeback_cache = False
+    # The kernel gathers small writes into large ones and answers re-reads of fresh data
+    # itself; close and fsync still write every dirty page back before they reach us.
+    enable_writeback_cache = True
 
     def __init__(self, vfs: Vfs) -> None:
         super().__init__()
