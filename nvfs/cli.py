@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from nvfs.backend import BackendError, open_backend
+from nvfs.backend import BackendError, StagedBackend, open_backend
 from nvfs.codec import CodecError, make_engine
 from nvfs.daemon import default_log_file, run_in_background, serve, setup_logging
 from nvfs.options import OptionError, parse_options
@@ -80,6 +80,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     mountpoint = _check_mountpoint(args.mountpoint)
     source = args.source if args.source.startswith("s3://") else os.path.abspath(args.source)
     backend = open_backend(source, options.backend)
+    if options.stage_dir:
+        backend = StagedBackend(backend, os.path.abspath(options.stage_dir), options.stage_size)
     backend.lock()
     store = Store.open(backend, make_engine(options.engine, options.level), options.gc_grace)
     if backend.shared and options.vfs.metadata_ttl is None:

@@ -43,6 +43,7 @@ def setup_logging(log_file: str | None, level: str) -> None:
 
 def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:
     """Mount, report readiness, serve requests until unmounted or signalled; returns an exit code."""
+    store.backend.start_background()
     vfs = Vfs(store, options.vfs)
     fuse_options = set(pyfuse3.default_options) | {f"fsname={source}", "subtype=nvfs"} | options.fuse
     try:

@@ -52,6 +52,8 @@ class MountOptions:
     log_level: str = "info"
     backend: dict[str, str] = field(default_factory=dict)  # S3: endpoint_url, region, profile
     gc_grace: float | None = None
+    stage_dir: str | None = None
+    stage_size: int = 16 << 30
 
 
 def _bounded(name: str, value: int, low: int, high: int) -> int:
@@ -88,11 +90,7 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
     if value is None:
         raise OptionError(f"unknown option {name!r}" if name not in _VALUED else f"{name} needs a value")
     if name in _SIZE_OPTIONS:
-        try:
-            size = parse_size(value)
-        except OptionError as exc:
-            raise OptionError(f"{name}: {exc}") from None
-        setattr(options.vfs, name, _bounded(name, size, *_SIZE_OPTIONS[name]))
+        setattr(options.vfs, name, _bounded(name, _size(name, value), *_SIZE_OPTIONS[name]))
     elif name == "threads":
         options.vfs.threads = _bounded(name, _integer(name, value), 1, 256)
     elif name == "level":
@@ -109,6 +107,10 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         options.vfs.metadata_ttl = _seconds(name, value)
     elif name == "gc_grace":
         options.gc_grace = _seconds(name, value)
+    elif name == "stage_dir":
+        options.stage_dir = value
+    elif name == "stage_size":
+        options.stage_size = _bounded(name, _size(name, value), 64 << 20, 1 << 50)
     elif name == "log_level":
         if value not in LOG_LEVELS:
             raise OptionError(f"log_level must be one of {', '.join(LOG_LEVELS)}")
@@ -119,7 +121,15 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
 
 _BACKEND_OPTIONS = frozenset({"endpoint_url", "region", "profile"})
 _VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | {
-    "threads", "level", "engine", "log_file", "log_level", "metadata_ttl", "gc_grace"}
+    "threads", "level", "engine", "log_file", "log_level", "metadata_ttl", "gc_grace", "stage_dir",
+    "stage_size"}
+
+
+def _size(name: str, text: str) -> int:
+    try:
+        return parse_size(text)
+    except OptionError as exc:
+        raise OptionError(f"{name}: {exc}") from None
 
 
 def _seconds(name: str, text: str) -> float:

@@ -6,8 +6,10 @@ backend maps them onto a local directory today and onto S3 objects later.
 
 from nvfs.backend.base import Backend, BackendError, ObjectNotFound, StoreLocked
 from nvfs.backend.directory import DirectoryBackend
+from nvfs.backend.staged import StagedBackend
 
-__all__ = ["Backend", "BackendError", "DirectoryBackend", "ObjectNotFound", "StoreLocked", "open_backend"]
+__all__ = ["Backend", "BackendError", "DirectoryBackend", "ObjectNotFound", "StagedBackend", "StoreLocked",
+           "open_backend"]
 
 
 def open_backend(source: str, options: dict[str, str] | None = None) -> Backend:

@@ -93,6 +93,9 @@ class Backend(ABC):
     def capacity(self) -> tuple[int, int] | None:
         """``(total_bytes, free_bytes)`` of the underlying storage, or ``None`` if unbounded."""
 
+    def start_background(self) -> None:  # noqa: B027 - optional hook
+        """Start background work; called in the daemon process (threads do not survive fork)."""
+
     def discard_incomplete(self) -> None:  # noqa: B027 - optional hook
         """Remove leftovers of writes a crash interrupted; called once the store is validated."""
 

@@ -118,15 +118,17 @@ class DirectoryBackend(Backend):
         return objects, prefixes
 
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
-        base = self._path(prefix.rstrip("/"))
-        for dirpath, _dirnames, filenames in os.walk(base):
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        for dirpath, dirnames, filenames in os.walk(base):
+            if dirpath == str(self.root) and _TMP in dirnames:
+                dirnames.remove(_TMP)
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:
                 try:
                     modified = os.stat(os.path.join(dirpath, name)).st_mtime
                 except FileNotFoundError:
                     continue
-                yield f"{rel}/{name}", modified
+                yield (name if rel == "." else f"{rel}/{name}"), modified
 
     def rename(self, src: str, dst: str) -> None:
         source, target = self._path(src), self._path(dst)
