@@ -39,6 +39,8 @@ def setup_logging(log_file: str | None, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):  # request dumps, even at debug
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:

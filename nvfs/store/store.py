@@ -12,6 +12,7 @@ chunks no manifest names, never takes them away.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -41,8 +42,27 @@ class StoreError(Exception):
     """The backend does not hold a usable nvfs store."""
 
 
-class ChunkUnreadable(Exception):
-    """The backend failed to return a chunk (unreachable, refused); its bytes are unknown."""
+class StoreUnavailable(Exception):
+    """The backend failed (unreachable, refused, full): the operation did not happen."""
+
+
+class ChunkUnreadable(StoreUnavailable):
+    """The backend failed to return a chunk; its bytes are unknown."""
+
+
+def _reports_backend_failures(method):
+    """Turn a backend failure inside a namespace operation into :class:`StoreUnavailable`."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except ObjectNotFound:
+            raise
+        except (BackendError, OSError) as exc:
+            raise StoreUnavailable(str(exc)) from exc
+
+    return wrapper
 
 
 _BYTES_NAME = "#x"  # a name that is not UTF-8, as hex of its bytes (object keys must be UTF-8)
@@ -245,6 +265,7 @@ class Store:
 
     # ----- namespace ----------------------------------------------------------------
 
+    @_reports_backend_failures
     def read_dir_meta(self, path: Path) -> Manifest:
         """Attributes of a directory; a prefix without a marker gets defaults."""
         return self._dir_marker(path) or default_dir_manifest(time.time_ns())
@@ -255,6 +276,7 @@ class Store:
         except ObjectNotFound:
             return None
 
+    @_reports_backend_failures
     def list_dir(self, path: Path) -> dict[str, Manifest]:
         """Every entry of a directory with its manifest. Unreadable manifests are logged, skipped."""
         prefix = dir_prefix(path)
@@ -282,6 +304,7 @@ class Store:
             entries[name] = meta
         return entries
 
+    @_reports_backend_failures
     def write_entry(self, path: Path, manifest: Manifest) -> None:
         """Durably create or replace an entry; a file's chunks are made durable first."""
         if manifest.kind == "file":
@@ -289,9 +312,11 @@ class Store:
         key = dir_prefix(path) + DIR_MARKER if manifest.kind == "dir" else entry_key(path)
         self.backend.put(key, manifest.to_bytes(), durable=True)
 
+    @_reports_backend_failures
     def delete_entry(self, path: Path, kind: str) -> None:
         self.backend.delete(dir_prefix(path) + DIR_MARKER if kind == "dir" else entry_key(path))
 
+    @_reports_backend_failures
     def rename_entry(self, old: Path, new: Path, kind: str) -> None:
         """Move an entry, replacing a file at ``new`` or an empty directory there."""
         with self._lock:

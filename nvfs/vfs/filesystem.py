@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from nvfs.store import ChunkCorrupt, ChunkUnreadable, Manifest, Store
+from nvfs.store import ChunkCorrupt, ChunkUnreadable, Manifest, Store, StoreUnavailable
 from nvfs.vfs.cache import ChunkCache
 from nvfs.vfs.content import FileContent, Slot
 from nvfs.vfs.node import Node, Stat
@@ -149,7 +149,13 @@ class Vfs:
         ttl = self.config.metadata_ttl
         started = trio.current_time()
         if directory.children is None or (ttl is not None and started - directory.listed_at > ttl):
-            entries = await self._run(self.store.list_dir, directory.path())
+            try:
+                entries = await self._run(self.store.list_dir, directory.path())
+            except VfsError:
+                if directory.children is None:
+                    raise
+                directory.listed_at = started  # keep serving the last listing; retry after the TTL
+                return directory.children
             if directory.children is None:
                 directory.children = {
                     name: self._new_node(directory, name, meta, committed=True)
@@ -188,7 +194,14 @@ class Vfs:
         return node
 
     async def _run(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._workers)
+        """Run blocking store work in a worker thread; a failing backend becomes EIO."""
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._workers)
+        except ChunkUnreadable:
+            raise  # the reader reports it with the file and chunk
+        except StoreUnavailable as exc:
+            log.error("%s failed: %s", getattr(fn, "__name__", fn), exc)
+            raise VfsError(errno.EIO) from None
 
     # ----- attributes -------------------------------------------------------------------
 
