@@ -13,6 +13,7 @@ collection away from young chunks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from datetime import datetime
@@ -26,6 +27,19 @@ from nvfs.backend.base import Backend, BackendError, ObjectNotFound
 log = logging.getLogger(__name__)
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+
+
+@contextlib.contextmanager
+def _failures(operation: str, key: str) -> Iterator[None]:
+    """Report S3 failures as backend errors; a missing object as :class:`ObjectNotFound`."""
+    try:
+        yield
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
+            raise ObjectNotFound(key) from None
+        raise BackendError(f"{operation} {key}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise BackendError(f"{operation} {key}: {exc}") from exc
 
 
 class S3Backend(Backend):
@@ -79,46 +93,31 @@ class S3Backend(Backend):
         return self.prefix + key
 
     def get(self, key: str) -> bytes:
-        try:
+        with _failures("GET", key):
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                raise ObjectNotFound(key) from None
-            raise BackendError(f"GET {key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"GET {key}: {exc}") from exc
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
-        try:
+        with _failures("PUT", key):
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-        except (ClientError, BotoCoreError) as exc:
-            raise BackendError(f"PUT {key}: {exc}") from exc
 
     def delete(self, key: str) -> None:
-        try:
+        with _failures("DELETE", key):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-        except (ClientError, BotoCoreError) as exc:
-            raise BackendError(f"DELETE {key}: {exc}") from exc
 
     def exists(self, key: str) -> bool:
         try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                return False
-            raise BackendError(f"HEAD {key}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"HEAD {key}: {exc}") from exc
+            with _failures("HEAD", key):
+                self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ObjectNotFound:
+            return False
+        return True
 
     def _pages(self, prefix: str, delimiter: str | None) -> Iterator[dict]:
         arguments = {"Bucket": self.bucket, "Prefix": self._key(prefix)}
         if delimiter:
             arguments["Delimiter"] = delimiter
-        try:
+        with _failures("LIST", prefix):
             yield from self._client.get_paginator("list_objects_v2").paginate(**arguments)
-        except (ClientError, BotoCoreError) as exc:
-            raise BackendError(f"LIST {prefix}: {exc}") from exc
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         objects: list[str] = []
@@ -137,15 +136,9 @@ class S3Backend(Backend):
                 yield item["Key"][start:], modified.timestamp()
 
     def rename(self, src: str, dst: str) -> None:
-        try:
+        with _failures("COPY", src):
             self._client.copy_object(Bucket=self.bucket, Key=self._key(dst),
                                      CopySource={"Bucket": self.bucket, "Key": self._key(src)})
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                raise ObjectNotFound(src) from None
-            raise BackendError(f"COPY {src}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise BackendError(f"COPY {src}: {exc}") from exc
         self.delete(src)
 
     def rename_prefix(self, src: str, dst: str) -> None:
