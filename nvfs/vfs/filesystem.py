@@ -84,6 +84,9 @@ class Vfs:
         self._fetching: dict[str, trio.Event] = {}
         self._workers = trio.CapacityLimiter(config.threads)
         self._inflight = trio.Semaphore(max(1, config.max_inflight // config.chunk_size))
+        self._uploads = 0  # chunk uploads running, of every file, released ones included
+        self._uploads_idle = trio.Event()
+        self._uploads_idle.set()
         self._gc_wanted = trio.Event()
         self._gc_requested = 0  # requests made; a pass serves every request made before it began
         self._gc_served = 0
@@ -106,6 +109,7 @@ class Vfs:
                     await self.commit(node)
                 except VfsError as exc:
                     log.error("%s: could not be committed at unmount: %s", node.display_path(), exc)
+        await self._uploads_idle.wait()
         while self._gc_served < self._gc_requested:
             await self._gc_pass_done.wait()
 
@@ -543,6 +547,9 @@ class Vfs:
         regions = content.layout.chunk_regions(index * content.chunk_size, data)
         await self._inflight.acquire()
         content.begin_upload()
+        if self._uploads == 0:
+            self._uploads_idle = trio.Event()
+        self._uploads += 1
         self._nursery.start_soon(self._upload, node, content, index, slot, slot.version, data, regions)
 
     async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
@@ -559,9 +566,14 @@ class Vfs:
             else:
                 self.store.unpin([ref.id])  # overwritten or truncated while it was stored
                 content.orphaned = True
+                if node.content is not content:
+                    self._request_gc()  # the file let go of this content before the chunk landed
         finally:
             self._inflight.release()
             content.end_upload()
+            self._uploads -= 1
+            if self._uploads == 0:
+                self._uploads_idle.set()
 
     async def _truncate(self, node: Node, size: int) -> None:
         content = self._ensure_content(node)
