@@ -53,8 +53,12 @@ class Backend(ABC):
         """Whether an object exists under the key."""
 
     @abstractmethod
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        """Objects and sub-prefixes directly under ``prefix`` (which ends in ``/``), as names."""
+    def list_dir(self, prefix: str) -> tuple[dict[str, str], list[str]]:
+        """Objects and sub-prefixes directly under ``prefix`` (which ends in ``/``), as names.
+
+        Each object comes with a version token that changes whenever the object is replaced
+        (an ETag, or inode, size and mtime), so callers can skip re-reading what they know.
+        """
 
     @abstractmethod
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:

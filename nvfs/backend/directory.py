@@ -103,9 +103,9 @@ class DirectoryBackend(Backend):
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+    def list_dir(self, prefix: str) -> tuple[dict[str, str], list[str]]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
-        objects: list[str] = []
+        objects: dict[str, str] = {}
         prefixes: list[str] = []
         try:
             entries = list(os.scandir(base))
@@ -114,7 +114,14 @@ class DirectoryBackend(Backend):
         for entry in entries:
             if base == self.root and entry.name == _TMP:
                 continue
-            (prefixes if entry.is_dir(follow_symlinks=False) else objects).append(entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                prefixes.append(entry.name)
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            objects[entry.name] = f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
         return objects, prefixes
 
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:

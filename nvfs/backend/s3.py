@@ -119,14 +119,16 @@ class S3Backend(Backend):
         with _failures("LIST", prefix):
             yield from self._client.get_paginator("list_objects_v2").paginate(**arguments)
 
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        objects: list[str] = []
+    def list_dir(self, prefix: str) -> tuple[dict[str, str], list[str]]:
+        objects: dict[str, str] = {}
         prefixes: list[str] = []
         start = len(self._key(prefix))
         for page in self._pages(prefix, "/"):
-            objects.extend(item["Key"][start:] for item in page.get("Contents", []))
+            for item in page.get("Contents", []):
+                if item["Key"][start:]:
+                    objects[item["Key"][start:]] = item.get("ETag") or str(item["LastModified"])
             prefixes.extend(item["Prefix"][start:].rstrip("/") for item in page.get("CommonPrefixes", []))
-        return [name for name in objects if name], prefixes
+        return objects, prefixes
 
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
         start = len(self.prefix)

@@ -159,10 +159,11 @@ class StagedBackend(Backend):
     def exists(self, key: str) -> bool:
         return self.stage.exists(key) or self.remote.exists(key)
 
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+    def list_dir(self, prefix: str) -> tuple[dict[str, str], list[str]]:
         local_objects, local_prefixes = self.stage.list_dir(prefix)
         remote_objects, remote_prefixes = self.remote.list_dir(prefix)
-        return sorted({*local_objects, *remote_objects}), sorted({*local_prefixes, *remote_prefixes})
+        staged = {name: "staged-" + version for name, version in local_objects.items()}
+        return {**remote_objects, **staged}, sorted({*local_prefixes, *remote_prefixes})
 
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
         seen: set[str] = set()

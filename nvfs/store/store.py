@@ -155,6 +155,7 @@ class Store:
         self._gc_touched: set[str] | None = None
         self._namespace_moves = 0
         self._present: dict[str, tuple[int, str, float]] = {}  # id -> stored size, codec, when stored
+        self._manifests: dict[str, tuple[str, Manifest]] = {}  # key -> (version, manifest) last listed
 
     @classmethod
     def open(cls, backend: Backend, engine: Engine, gc_grace: float | None = None) -> Store:
@@ -282,12 +283,12 @@ class Store:
         prefix = dir_prefix(path)
         objects, prefixes = self.backend.list_dir(prefix)
         entries: dict[str, Manifest] = {}
-        for component in objects:
+        for component, version in objects.items():
             name = decode_name(component)
             if name is None:
                 continue
             try:
-                entries[name] = Manifest.from_bytes(self.backend.get(prefix + component))
+                entries[name] = self._manifest(prefix + component, version)
             except (ManifestError, ObjectNotFound) as exc:
                 log.error("skipping %s: %s", prefix + component, exc)
         for component in prefixes:
@@ -303,6 +304,17 @@ class Store:
                 meta = default_dir_manifest(time.time_ns())
             entries[name] = meta
         return entries
+
+    def _manifest(self, key: str, version: str) -> Manifest:
+        """A listed manifest, read again only if its version changed since the last listing."""
+        known = self._manifests.get(key)
+        if known is not None and known[0] == version:
+            return known[1]
+        manifest = Manifest.from_bytes(self.backend.get(key))
+        if len(self._manifests) >= _PRESENT_LIMIT:
+            self._manifests.clear()
+        self._manifests[key] = (version, manifest)
+        return manifest
 
     @_reports_backend_failures
     def write_entry(self, path: Path, manifest: Manifest) -> None:
