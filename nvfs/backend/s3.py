@@ -49,7 +49,7 @@ class S3Backend(Backend):
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
                  profile: str | None = None, connect_timeout: float = 5.0, read_timeout: float = 60.0,
-                 max_attempts: int = 6, max_connections: int = 64) -> None:
+                 max_attempts: int = 5, max_connections: int = 64) -> None:
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         if not bucket:
             raise BackendError(f"{url}: no bucket name (expected s3://bucket/prefix)")

@@ -68,15 +68,17 @@ class Operations(pyfuse3.Operations):
     """The kernel's view of a :class:`Vfs`."""
 
     supports_dot_lookup = True
-    # The kernel gathers small writes into large ones and answers re-reads of fresh data
-    # itself; close and fsync still write every dirty page back before they reach us.
-    enable_writeback_cache = True
 
     def __init__(self, vfs: Vfs) -> None:
         super().__init__()
         self.vfs = vfs
         # Page cache survives open/close only where no other mount can change a file.
         self._keep_cache = vfs.config.metadata_ttl is None
+        # With the writeback cache the kernel gathers small writes into large ones and
+        # answers re-reads of fresh data itself (close and fsync still write every dirty
+        # page back first); but it then trusts its own file sizes, so files another mount
+        # changes would keep their old size here: only for a store no one else writes.
+        self.enable_writeback_cache = self._keep_cache
 
     def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
         self.vfs.remember(node)

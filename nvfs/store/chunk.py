@@ -43,13 +43,17 @@ class ChunkHeader:
     digest: bytes
 
 
-def chunk_id(data: bytes) -> str:
-    """The content address of uncompressed bytes: their SHA-256 in hex."""
-    return hashlib.sha256(data).hexdigest()
+def chunk_digest(data: bytes) -> bytes:
+    """SHA-256 of uncompressed bytes; its hex form is the chunk's content address."""
+    return hashlib.sha256(data).digest()
 
 
-def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None) -> tuple[bytes, Encoded]:
-    """Build the object for ``data`` (holding ``regions``, if known); returns it and its encoding."""
+def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
+                 digest: bytes | None = None) -> tuple[bytes, Encoded]:
+    """Build the object for ``data`` (holding ``regions``, if known); returns it and its encoding.
+
+    ``digest`` is :func:`chunk_digest` of ``data`` when the caller has it already.
+    """
     encoded = engine.encode(data, regions)
     header = HEADER.pack(
         MAGIC,
@@ -61,7 +65,7 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None) -> t
         len(encoded.payload),
         len(encoded.params),
         0,
-        hashlib.sha256(data).digest(),
+        digest or chunk_digest(data),
     )
     return b"".join((header, encoded.params, encoded.payload)), encoded
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import Engine, LayoutTracker, Region
-from nvfs.store.chunk import ChunkCorrupt, chunk_id, decode_chunk, encode_chunk
+from nvfs.store.chunk import ChunkCorrupt, chunk_digest, decode_chunk, encode_chunk
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 
 log = logging.getLogger(__name__)
@@ -210,13 +210,14 @@ class Store:
         ``regions`` say which values the bytes hold (from a :class:`LayoutTracker`); without
         them the engine guesses from the content.
         """
-        cid = chunk_id(data)
+        digest = chunk_digest(data)
+        cid = digest.hex()
         with self._gc_lock.shared():
             self.pin([cid])
             try:
                 known = self._present.get(cid)
                 if known is None or not self._still_safe(known[2]):
-                    blob, encoded = encode_chunk(data, self.engine, regions)
+                    blob, encoded = encode_chunk(data, self.engine, regions, digest)
                     key = chunk_key(cid)
                     # On a shared backend an existing chunk may be collected by another
                     # mount any moment: store it again, which also renews its age.

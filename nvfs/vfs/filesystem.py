@@ -439,7 +439,26 @@ class Vfs:
                 await self.commit(node)
             except VfsError as exc:
                 log.error("%s: uncommitted data could not be stored: %s", node.display_path(), exc)
+        if node.open_count == 0 and node.content is not None and node.content.error is not None:
+            self._discard_failed_changes(node)
         self._release_content(node)
+
+    def _discard_failed_changes(self, node: Node) -> None:
+        """The store failed this file's data and its last writer is gone: fall back.
+
+        The file returns to its last committed version (a file never committed leaves the
+        tree), so the mount shows what the store holds and the file can be written again.
+        """
+        log.error("%s: discarding changes the store did not take; the file keeps its last "
+                  "committed version", node.display_path())
+        content = node.content
+        assert content is not None
+        content.dirty, content.error, content.orphaned = False, None, True
+        node.meta_dirty = False
+        if node.manifest is None and node.parent is not None and not node.unlinked:
+            self._detach(node.parent, node)
+        elif node.manifest is not None:
+            node.take_attributes(node.manifest)
 
     async def commit(self, node: Node) -> None:
         """Make the file's current contents durable and visible in the store (close, fsync)."""
@@ -452,8 +471,11 @@ class Vfs:
         content = node.content
         if content is not None:
             for index in list(content.dirty_slots):
+                if content.error is not None:
+                    break  # no point in storing more of a version that cannot be committed
                 await self._submit(node, index)
-            await content.wait_uploads()
+            if content.error is None:
+                await content.wait_uploads()
             if content.error is not None:
                 raise VfsError(errno.EIO, f"storing data failed: {content.error}")
         manifest = node.to_manifest()
@@ -545,17 +567,37 @@ class Vfs:
         slot.version += 1
         content.dirty_slots.pop(index, None)
         regions = content.layout.chunk_regions(index * content.chunk_size, data)
-        await self._inflight.acquire()
+        await self._acquire_inflight(content)
         content.begin_upload()
         if self._uploads == 0:
             self._uploads_idle = trio.Event()
         self._uploads += 1
         self._nursery.start_soon(self._upload, node, content, index, slot, slot.version, data, regions)
 
+    async def _acquire_inflight(self, content: FileContent) -> None:
+        """Wait for room among the bytes in flight, but give up once this file's data failed.
+
+        A failing store can hold every slot for a minute of retries; the writer should hear
+        about the failure, not wait behind it.
+        """
+        while True:
+            if content.error is not None:
+                raise VfsError(errno.EIO, f"storing data failed: {content.error}")
+            with trio.move_on_after(0.5):
+                await self._inflight.acquire()
+                return
+
     async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
                       data: bytes, regions) -> None:
+        def store_unless_failed():
+            if content.error is not None:
+                return None  # an earlier chunk of this version failed: it will not be committed
+            return self.store.put_chunk(data, regions)
+
         try:
-            ref = await self._run(self.store.put_chunk, data, regions)
+            ref = await self._run(store_unless_failed)
+            if ref is None:
+                return
         except Exception as exc:  # surfaces as EIO on the next write, fsync or close
             log.error("%s: storing chunk %d failed: %s", node.display_path(), index, exc)
             content.error = exc
