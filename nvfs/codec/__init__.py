@@ -19,4 +19,4 @@ def make_engine(name: str, level: int) -> Engine:
     """Build the engine a mount asked for (``-o engine=``); only the CPU engine exists so far."""
     if name in ("auto", "cpu"):
         return CpuEngine(level=level)
-    raise CodecError(f"engine {name!r} is not available (known: auto, cpu)")
+    raise CodecError(f"engine {name!r} is not available in this version (use auto or cpu)")
