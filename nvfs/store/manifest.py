@@ -59,7 +59,7 @@ class Manifest:
 
     def codecs(self) -> str:
         names = sorted({ref.codec for ref in self.chunks if ref is not None})
-        return "+".join(names) if names else "none"
+        return ",".join(names) if names else "none"
 
     def to_bytes(self) -> bytes:
         doc: dict = {
