@@ -62,7 +62,7 @@ class Handle:
     node: Node
     writable: bool
     next_offset: int = 0
-    window: int = 0  # chunks to read ahead
+    streak: int = 0  # bytes read since the last seek
 
 
 class Vfs:
@@ -703,19 +703,21 @@ class Vfs:
     def _read_ahead(self, handle: Handle, content: FileContent, offset: int, end: int) -> None:
         """Fetch the chunks after a sequential reader's position before it asks for them.
 
-        The window doubles while the reader stays sequential, up to ``readahead`` bytes,
-        and collapses on a seek farther than a chunk, so random readers (mmap of one tensor)
-        fetch only what they touch while a reader that skips a zip header stays sequential.
+        The window is half of what the reader has read since its last seek, up to
+        ``readahead`` bytes: a restore soon streams far ahead, while a reader of one tensor
+        (``safe_open``, an mmap) fetches little beyond the tensor. A seek farther than a
+        chunk starts over; a reader skipping a zip header stays sequential.
         """
         chunk = content.chunk_size
         if abs(offset - handle.next_offset) <= chunk:
-            handle.window = min(max(1, handle.window * 2), max(1, self.config.readahead // chunk))
+            handle.streak += end - offset
         else:
-            handle.window = 0
+            handle.streak = end - offset
         handle.next_offset = end
+        window = min(handle.streak // 2, self.config.readahead) // chunk
         assert self._nursery is not None
         first = (end - 1) // chunk + 1
-        for index in range(first, min(first + handle.window, len(content.slots))):
+        for index in range(first, min(first + window, len(content.slots))):
             ref = content.slots[index].ref
             if ref is not None and ref.id not in self._cache and ref.id not in self._fetching:
                 self._nursery.start_soon(self._prefetch, ref)
