@@ -7,10 +7,7 @@ thread keeps its own.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
-
-import zstandard
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.planes import ITEM_SIZE, PlaneCoder, Region, decode_regions, encode_regions
@@ -26,36 +23,18 @@ class CpuEngine:
 
     def __init__(self, level: int = 3) -> None:
         self.level = level
-        self._planes = PlaneCoder(level)
-        self._local = threading.local()
-
-    def _compressor(self) -> zstandard.ZstdCompressor:
-        compressor = getattr(self._local, "compressor", None)
-        if compressor is None:
-            compressor = self._local.compressor = zstandard.ZstdCompressor(level=self.level)
-        return compressor
-
-    def _decompressor(self) -> zstandard.ZstdDecompressor:
-        decompressor = getattr(self._local, "decompressor", None)
-        if decompressor is None:
-            decompressor = self._local.decompressor = zstandard.ZstdDecompressor()
-        return decompressor
+        self._coder = PlaneCoder(level)
 
     def encode(self, data: bytes, regions: Sequence[Region] | None = None) -> Encoded:
         if regions is None:
             regions = self._detect(data)
         if all(region.kind == ElementKind.BYTES for region in regions):
-            return self._encode_bytes(data)
-        params, payload = encode_regions(data, regions, self._planes)
+            codec, payload = self._coder.compress(memoryview(data), float_plane=False)
+            return Encoded(codec, Transform.NONE, b"", payload)
+        params, payload = encode_regions(data, regions, self._coder)
         if len(params) + len(payload) >= len(data):
             return Encoded(Codec.RAW, Transform.NONE, b"", bytes(data))
         return Encoded(Codec.ZSTD, Transform.PLANES, params, payload)
-
-    def _encode_bytes(self, data: bytes) -> Encoded:
-        compressed = self._compressor().compress(data)
-        if len(compressed) >= len(data):
-            return Encoded(Codec.RAW, Transform.NONE, b"", bytes(data))
-        return Encoded(Codec.ZSTD, Transform.NONE, b"", compressed)
 
     def _detect(self, data: bytes) -> list[Region]:
         """Guess what a chunk of unknown layout holds: the kind that codes two samples smallest."""
@@ -65,27 +44,21 @@ class CpuEngine:
         middle = (len(view) // 2) & ~7
         samples = [view[:_DETECT_SAMPLE], view[middle : middle + _DETECT_SAMPLE]]
         best_kind = ElementKind.BYTES
-        best_size = sum(len(self._compressor().compress(sample)) for sample in samples)
+        best_size = sum(len(encode_regions(sample, [Region(len(sample), ElementKind.BYTES)], self._coder)[1])
+                        for sample in samples)
         for kind in _DETECT_KINDS:
-            size = sum(len(encode_regions(sample, [Region(len(sample), kind)], self._planes)[1])
+            size = sum(len(encode_regions(sample, [Region(len(sample), kind)], self._coder)[1])
                        for sample in samples)
             if size < 0.99 * best_size:
                 best_kind, best_size = kind, size
         return split_whole_values(len(view), best_kind)
 
-    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray:
+    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
         if encoded.transform == Transform.PLANES:
-            return decode_regions(encoded.params, encoded.payload, raw_length, self._planes)
+            return decode_regions(encoded.params, encoded.payload, raw_length, self._coder)
         if encoded.transform != Transform.NONE:
             raise CodecError(f"transform {encoded.transform} is not supported by this version")
-        if encoded.codec == Codec.RAW:
-            return encoded.payload
-        if encoded.codec == Codec.ZSTD:
-            try:
-                return self._decompressor().decompress(encoded.payload, max_output_size=raw_length)
-            except zstandard.ZstdError as exc:
-                raise CodecError(f"zstd payload is damaged: {exc}") from exc
-        raise CodecError(f"codec {encoded.codec} is not supported by this version")
+        return self._coder.decompress(encoded.codec, memoryview(encoded.payload), raw_length)
 
 
 def split_whole_values(length: int, kind: ElementKind) -> list[Region]:
