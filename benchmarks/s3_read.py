@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import json
 import math
 import multiprocessing
@@ -62,7 +61,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,11 +79,20 @@ from botocore.config import Config  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
+from benchmarks.common import (  # noqa: E402
+    MIB,
+    NVFS,
+    XATTR,
+    cpu_seconds,
+    human,
+    make_workdir,
+    proc_status,
+    raise_on_sigterm,
+    sha256_file,
+)
 from benchmarks.save import (  # noqa: E402
-    BYTES_PER_PARAM,
-    ModelShape,
     build_state,
-    choose_shape,
+    fit_shape,
     machine_info,
     tensors,
     verify,
@@ -94,10 +101,6 @@ from benchmarks.save import (  # noqa: E402
 from nvfs.options import parse_options  # noqa: E402
 from tests.seaweed import REGION, SeaweedServer  # noqa: E402
 
-NVFS = [sys.executable, "-m", "nvfs"]
-XATTR = "user.nvfs."
-MIB = 1 << 20
-GIB = 1 << 30
 HEADROOM = 256 * MIB  # the RSS bound is cache_size + max_inflight + this
 SAFETENSORS_TENSORS = 64
 BLOCK = 4 * MIB  # write size of the RSS run
@@ -116,33 +119,6 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as exc:
         raise SystemExit(f"cannot drop the page cache ({exc}); run as root") from None
-
-
-def proc_status(pid: int, key: str) -> int:
-    """A ``kB`` field of /proc/PID/status (VmRSS, VmHWM), in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of a process so far (NaN if it is gone)."""
-    if pid is None:
-        return math.nan
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while block := f.read(8 * MIB):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def timed_cat(path: Path) -> float:
@@ -180,13 +156,6 @@ def ranges(indices: Any) -> str:
         else:
             spans.append([i, i])
     return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans) or "none"
-
-
-def human(size: float) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
-        if abs(size) >= scale:
-            return f"{size / scale:.2f} {unit}"
-    return f"{size:.0f} B"
 
 
 # ----- nvfs mounts -------------------------------------------------------------------------------
@@ -293,17 +262,6 @@ def print_table(results: Results) -> None:
 
 
 # ----- part 1: cold sequential read ------------------------------------------------------------------
-
-def fit_shape(size_bytes: int) -> ModelShape:
-    """``save.choose_shape``, with the vocabulary grown so the state is at least ``size_bytes``."""
-    shape = choose_shape(size_bytes, None)
-    params = sum(math.prod(dims) for _, dims in shape.parameters())
-    deficit = size_bytes - params * BYTES_PER_PARAM
-    if deficit > 0:
-        rows = -(-deficit // (BYTES_PER_PARAM * shape.hidden))
-        shape = ModelShape(shape.hidden, shape.layers, shape.vocab + -(-rows // 64) * 64)
-    return shape
-
 
 class NullSink:
     """A write-only file object that drops what it gets (for ``download_fileobj``)."""
@@ -712,9 +670,8 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            try:
-                rss = proc_status(self.pid, "VmRSS")
-            except (OSError, KeyError):
+            rss = proc_status(self.pid, "VmRSS")
+            if rss is None:
                 return
             self.samples += 1
             if rss > self.peak:
@@ -819,19 +776,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _raise_on_sigterm(signum: int, _frame: object) -> None:
-    """Turn SIGTERM into SystemExit so ``finally`` blocks unmount and clean up."""
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
     config = parse_options([args.mount_options]).vfs  # what the daemon will run with
     bound = config.cache_size + config.max_inflight + HEADROOM
-    parent = args.workdir or Path("/var/tmp")
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="nvfs-bench-s3-", dir=parent))
+    work = make_workdir(args.workdir, "nvfs-bench-s3-")
     weed = subprocess.run(["weed", "version"], capture_output=True, text=True).stdout.strip().splitlines()
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {machine_info(work)}, SeaweedFS {weed[0] if weed else '?'} on the same machine")

@@ -36,17 +36,20 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-NVFS = [sys.executable, "-m", "nvfs"]
-XATTR = "user.nvfs."
+import torch  # noqa: E402
+
+from benchmarks.common import NVFS, XATTR, make_workdir, raise_on_sigterm  # noqa: E402
+
 # AdamW state bytes per parameter: bf16 weight + fp32 master + exp_avg + exp_avg_sq.
 BYTES_PER_PARAM = 2 + 4 + 4 + 4
 HIDDEN_CHOICES = (2048, 1024, 512, 256, 128)
@@ -95,6 +98,17 @@ def choose_shape(size_bytes: int, hidden: int | None) -> ModelShape:
     per_layer = 12 * hidden * hidden + 4 * hidden
     vocab = max(64, (params - layers * per_layer - 2 * hidden) // hidden // 64 * 64)
     return ModelShape(hidden, layers, vocab)
+
+
+def fit_shape(size_bytes: int) -> ModelShape:
+    """``choose_shape``, with the vocabulary grown so the state is at least ``size_bytes``."""
+    shape = choose_shape(size_bytes, None)
+    params = sum(math.prod(dims) for _, dims in shape.parameters())
+    deficit = size_bytes - params * BYTES_PER_PARAM
+    if deficit > 0:
+        rows = -(-deficit // (BYTES_PER_PARAM * shape.hidden))
+        shape = ModelShape(shape.hidden, shape.layers, shape.vocab + -(-rows // 64) * 64)
+    return shape
 
 
 def _init_master(shape: ModelShape, gen: torch.Generator) -> dict[str, torch.nn.Parameter]:
@@ -374,11 +388,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _raise_on_sigterm(signum: int, _frame: object) -> None:
-    """Turn SIGTERM into SystemExit so ``finally`` blocks unmount and clean up."""
-    raise SystemExit(128 + signum)
-
-
 def run(args: argparse.Namespace, work: Path) -> None:
     """Build the state, run both targets, print the table."""
     started = time.perf_counter()
@@ -397,10 +406,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    parent = args.workdir or Path("/var/tmp")
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="nvfs-bench-save-", dir=parent))
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
+    work = make_workdir(args.workdir, "nvfs-bench-save-")
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {machine_info(work)}")
     print(f"workdir: {work}", flush=True)

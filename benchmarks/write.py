@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import hashlib
 import io
 import json
 import math
@@ -63,7 +62,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -77,10 +75,19 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-NVFS = [sys.executable, "-m", "nvfs"]
-XATTR = "user.nvfs."
+from benchmarks.common import (  # noqa: E402
+    MIB,
+    NVFS,
+    XATTR,
+    cpu_seconds,
+    human,
+    make_workdir,
+    proc_status,
+    raise_on_sigterm,
+    sha256_file,
+)
+
 NULLFS_STATS = b"user.nullfs.stats"
-MIB = 1 << 20
 HEADROOM = 256 * MIB  # the RSS bound is max_inflight + this
 RSS_INTERVAL = 0.2
 FILE_NAME = "ckpt.pt"  # the same name everywhere: torch.save puts it into the archive
@@ -257,59 +264,17 @@ if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--serve-nul
 import torch  # noqa: E402
 
 from benchmarks.save import (  # noqa: E402
-    BYTES_PER_PARAM,
-    ModelShape,
     build_state,
-    choose_shape,
+    fit_shape,
     machine_info,
     tensors,
     tree_bytes,
     zero_row_fraction,
 )
+from benchmarks.save import timed_save as plain_timed_save  # noqa: E402
 from nvfs.options import parse_options  # noqa: E402
 
 # ----- small helpers ------------------------------------------------------------------------------
-
-def human(size: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1024)):
-        if abs(size) >= scale:
-            return f"{size / scale:.2f} {unit}"
-    return f"{size:.0f} B"
-
-
-def fit_shape(size_bytes: int) -> ModelShape:
-    """``save.choose_shape``, with the vocabulary grown so the state is at least ``size_bytes``."""
-    shape = choose_shape(size_bytes, None)
-    params = sum(math.prod(dims) for _, dims in shape.parameters())
-    deficit = size_bytes - params * BYTES_PER_PARAM
-    if deficit > 0:
-        rows = -(-deficit // (BYTES_PER_PARAM * shape.hidden))
-        shape = ModelShape(shape.hidden, shape.layers, shape.vocab + -(-rows // 64) * 64)
-    return shape
-
-
-def proc_status(pid: int, key: str) -> int | None:
-    """A ``kB`` field of /proc/PID/status (VmRSS, VmHWM) in bytes; None once the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return None  # a zombie has no Vm* lines
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of a process so far (NaN if it is gone)."""
-    if pid is None:
-        return math.nan
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie counts as gone: it is not our child, we cannot reap it)."""
@@ -345,6 +310,23 @@ def is_mounted(path: Path) -> bool:
     return os.path.abspath(path) in mount_points()
 
 
+def clean_unmount(mnt: Path, umount: Callable[[], object]) -> bool:
+    """``umount()`` if something is mounted on ``mnt``; True if that worked.
+
+    If it fails, unmount lazily (the caller then stops the daemon) and return False; also False
+    when nothing was mounted.
+    """
+    if not is_mounted(mnt):
+        return False
+    try:
+        umount()
+        return True
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"warning: {exc}; lazy unmount", file=sys.stderr)
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], check=False, capture_output=True)
+        return False
+
+
 def unmount_below(root: Path) -> list[str]:
     """Lazily unmount whatever is still mounted below ``root``; returns what could not be."""
     prefix = os.path.abspath(root) + "/"
@@ -352,14 +334,6 @@ def unmount_below(root: Path) -> list[str]:
         print(f"warning: {point} still mounted; lazy unmount", file=sys.stderr)
         subprocess.run(["fusermount3", "-u", "-z", point], check=False, capture_output=True)
     return [p for p in mount_points() if p.startswith(prefix)]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while block := f.read(8 * MIB):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
@@ -516,15 +490,7 @@ def timed_save(state: dict[str, Any], path: Path, fsync: bool, row: Row) -> floa
     The writer's own CPU time (user + system, this thread) is added to ``row.notes``.
     """
     cpu0 = time.thread_time()
-    start = time.perf_counter()
-    torch.save(state, path)
-    if fsync:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    elapsed = time.perf_counter() - start
+    elapsed = plain_timed_save(state, path, fsync)
     row.notes.append(f"writer (torch.save) CPU {time.thread_time() - cpu0:.1f} s")
     return elapsed
 
@@ -569,6 +535,17 @@ def ensure_reference(ctx: Context) -> None:
     ctx.reference_size = path.stat().st_size
     ctx.reference_sha = sha256_file(path)
     path.unlink()
+
+
+def check_read_back(ctx: Context, row: Row, mount: JuiceFsMount | NvfsMount, path: Path, what: str) -> None:
+    """Mount again, read ``path`` back and compare its SHA-256 with the plain ``torch.save`` bytes'."""
+    ensure_reference(ctx)
+    mount.mount()
+    digest = sha256_file(path)
+    mount.umount()
+    row.verified = "sha256 ok" if digest == ctx.reference_sha else "SHA256 DIFFERS"
+    if digest != ctx.reference_sha:
+        row.error = f"the file read back through {what} differs from the torch.save bytes"
 
 
 def bench_plain(ctx: Context, row: Row) -> None:
@@ -661,13 +638,8 @@ class JuiceFsMount:
 
     def close(self) -> None:
         """Unmount if mounted; lazily and by killing our juicefs processes if a clean unmount fails."""
-        if is_mounted(self.mnt):
-            try:
-                self.umount()
-                return
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                print(f"warning: {exc}; lazy unmount", file=sys.stderr)
-                subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True)
+        if clean_unmount(self.mnt, self.umount):
+            return
         for pid in (self.ppid, self.pid):
             if pid is not None and alive(pid):
                 with contextlib.suppress(ProcessLookupError):
@@ -716,13 +688,7 @@ def bench_juicefs(ctx: Context, row: Row) -> None:
                          f"supervisor process peak RSS "
                          f"{human(sup_peak) if sup_peak else 'n/a'} (not counted)")
         if not ctx.args.no_verify:
-            ensure_reference(ctx)
-            jfs.mount()
-            digest = sha256_file(mnt / FILE_NAME)
-            jfs.umount()
-            row.verified = "sha256 ok" if digest == ctx.reference_sha else "SHA256 DIFFERS"
-            if digest != ctx.reference_sha:
-                row.error = "the file read back through JuiceFS differs from the torch.save bytes"
+            check_read_back(ctx, row, jfs, mnt / FILE_NAME, "JuiceFS")
     except Exception:
         print(f"juicefs log (last 30 lines):\n{log_tail(jfs.log)}", file=sys.stderr)
         raise
@@ -753,13 +719,8 @@ class NvfsMount:
     def close(self) -> None:
         """Unmount if mounted; if a clean unmount fails, unmount lazily and kill our daemon."""
         pid = self.pid
-        if is_mounted(self.mnt):
-            try:
-                self.umount()
-                return
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                print(f"warning: {exc}; lazy unmount", file=sys.stderr)
-                subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], check=False, capture_output=True)
+        if clean_unmount(self.mnt, self.umount):
+            return
         if pid is not None and not wait_gone(pid, 30):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -794,13 +755,7 @@ def bench_nvfs(ctx: Context, row: Row, source: str, place: Path, stored: Callabl
         if committed != "yes":
             row.error = f"user.nvfs.committed is {committed!r} right after close"
         if not ctx.args.no_verify:
-            ensure_reference(ctx)
-            mount.mount()
-            digest = sha256_file(path)
-            mount.umount()
-            row.verified = "sha256 ok" if digest == ctx.reference_sha else "SHA256 DIFFERS"
-            if digest != ctx.reference_sha:
-                row.error = "the file read back through nvfs differs from the torch.save bytes"
+            check_read_back(ctx, row, mount, path, "nvfs")
     except Exception:
         print(f"nvfs log (last 30 lines):\n{log_tail(mount.log)}", file=sys.stderr)
         raise
@@ -1031,11 +986,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _raise_on_sigterm(signum: int, _frame: object) -> None:
-    """Turn SIGTERM into SystemExit so ``finally`` blocks unmount and clean up."""
-    raise SystemExit(128 + signum)
-
-
 def run(args: argparse.Namespace, work: Path) -> int:
     started = time.perf_counter()
     options = parse_options([args.nvfs_options] if args.nvfs_options else [])
@@ -1093,10 +1043,8 @@ def run(args: argparse.Namespace, work: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    parent = args.workdir or Path("/var/tmp")
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="nvfs-bench-write-", dir=parent))
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
+    work = make_workdir(args.workdir, "nvfs-bench-write-")
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {machine_info(work)}")
     print(f"tools: juicefs {tool_version('juicefs', '--version')}; weed {tool_version('weed', 'version')}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,31 @@ def nvfs(*args: str, check: bool = False, timeout: float = 120,
     """Run the ``nvfs`` command line; returns the finished process (text output)."""
     return subprocess.run([*NVFS, *args], capture_output=True, text=True, timeout=timeout, check=check,
                           env={**os.environ, **(env or {})})
+
+
+def wait_until_dead(pid: int, timeout: float, after: str) -> None:
+    """Wait for a process that is not our child to terminate (a pidfd turns readable).
+
+    Polling ``kill(pid, 0)`` would also wait for init to reap the zombie, which can be slow.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        readable, _, _ = select.select([pidfd], [], [], timeout)
+        assert readable, f"process {pid} is still alive {timeout:.0f}s after {after}"
+    finally:
+        os.close(pidfd)
+
+
+def drop_cache(path) -> None:
+    """Evict the file's pages from the kernel page cache so reads reach the daemon."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def _fuse_available() -> str | None:

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import nvfs
 
 
@@ -103,18 +105,12 @@ def test_mountpoint_is_busy(mount_factory):
     assert not os.path.ismount(first.mountpoint), "the failed mount stacked a second mount on top"
 
 
-def test_unknown_option(mount_factory):
+@pytest.mark.parametrize(("option", "named"), [("bogus=1", "bogus"), ("chunk_size=abc", "abc")],
+                         ids=["unknown_option", "bad_option_value"])
+def test_bad_option_is_refused(mount_factory, option, named):
     mount = mount_factory()
-    result = _mount_cli(mount, "-o", "bogus=1")
-    _assert_error(result, "bogus")
-    assert not os.path.ismount(mount.mountpoint)
-    assert list(mount.source.iterdir()) == []
-
-
-def test_bad_option_value(mount_factory):
-    mount = mount_factory()
-    result = _mount_cli(mount, "-o", "chunk_size=abc")
-    _assert_error(result, "abc")
+    result = _mount_cli(mount, "-o", option)
+    _assert_error(result, named)
     assert not os.path.ismount(mount.mountpoint)
     assert list(mount.source.iterdir()) == []
 

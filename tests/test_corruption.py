@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -47,17 +46,7 @@ def damaged(mount_factory):
     (mount.path / "other.bin").write_bytes(other)
     mount.umount()
     yield mount, data, other
-    _detach_if_dead(mount.mountpoint)
-
-
-def _detach_if_dead(mountpoint: Path) -> None:
-    """Lazily unmount a mount whose daemon died (the fixtures' cleanup does not see it: a dead
-    FUSE mount answers ENOTCONN, so os.path.ismount() says False)."""
-    try:
-        os.lstat(mountpoint)
-    except OSError as exc:
-        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+    mount.force_cleanup()  # also lazily unmounts a mount whose daemon died
 
 
 def _refs(mount, name: str) -> list[list]:

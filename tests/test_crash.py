@@ -7,7 +7,6 @@ overwritten file keeps its old contents (never a mix), and the store can be moun
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_until_dead
 
 MIB = 1 << 20
 TOTAL_MIB = 256  # what the writer would write if nothing stopped it
@@ -73,47 +74,6 @@ def _wait_for_progress(writer: subprocess.Popen, mib: int, timeout: float = 60) 
                 return
 
 
-def _wait_until_dead(pid: int, timeout: float = 30) -> None:
-    """Wait for a process that is not our child to terminate (a pidfd turns readable).
-
-    Polling ``kill(pid, 0)`` would also wait for init to reap the zombie, which can be slow.
-    """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable, _, _ = select.select([pidfd], [], [], timeout)
-        assert readable, f"process {pid} is still alive {timeout:.0f}s after SIGKILL"
-    finally:
-        os.close(pidfd)
-
-
-def _detach_if_dead(mountpoint: Path) -> None:
-    """Lazily unmount a mount whose daemon died (the fixtures' cleanup does not see it: a dead
-    FUSE mount answers ENOTCONN, so os.path.ismount() says False)."""
-    try:
-        os.lstat(mountpoint)
-    except OSError as exc:
-        if exc.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
-
-
-@pytest.fixture
-def mount_factory(mount_factory):
-    """The conftest factory, plus a lazy unmount of mounts left dead by a failed test."""
-    made = []
-
-    def make(*args, **kwargs):
-        mount = mount_factory(*args, **kwargs)
-        made.append(mount)
-        return mount
-
-    yield make
-    for mount in made:
-        _detach_if_dead(mount.mountpoint)
-
-
 def _crash_during_write(mount, path: Path, mode: str) -> None:
     """Start a large write to ``path``, kill -9 the daemon mid-way, clean up the dead mount."""
     pid = mount.daemon_pid()
@@ -121,7 +81,7 @@ def _crash_during_write(mount, path: Path, mode: str) -> None:
     try:
         _wait_for_progress(writer, KILL_AT_MIB)
         os.kill(pid, signal.SIGKILL)
-        _wait_until_dead(pid)
+        wait_until_dead(pid, 30, "SIGKILL")
         # The connection is aborted: the writer's next write (or its close) fails.
         out, err = writer.communicate(timeout=60)
     finally:

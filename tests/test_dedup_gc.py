@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import drop_cache
+
 MIB = 1 << 20
 SMALL_CHUNK = 64 << 10
 _NIBBLES = bytes(range(256)).translate(bytes(b & 0x0F for b in range(256)))
@@ -70,14 +72,6 @@ def sha256_file(path) -> str:
         while block := f.read(8 * MIB):
             digest.update(block)
     return digest.hexdigest()
-
-
-def drop_cache(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def wait_until(predicate, what: str, timeout: float = 60.0) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import filecmp
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Mount
+from tests.conftest import Mount, wait_until_dead
 
 REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "mount_helpers" / "mount.fuse.nvfs"
@@ -46,11 +45,7 @@ def public_mount(mount_factory):
     root.chmod(0o755)
     mount = Mount(root)
     yield mount
-    mount.force_cleanup()
-    try:
-        os.lstat(mount.mountpoint)
-    except OSError:  # a dead FUSE mount (ENOTCONN), which os.path.ismount() does not see
-        subprocess.run(["fusermount3", "-u", "-z", str(mount.mountpoint)], check=False)
+    mount.force_cleanup()  # also lazily unmounts a dead FUSE mount (ENOTCONN)
     if not os.path.ismount(mount.mountpoint):
         shutil.rmtree(root)
 
@@ -68,26 +63,13 @@ def _mount_t(mount: Mount, env: dict[str, str], *options: str) -> None:
     assert mount.daemon_pid() > 0
 
 
-def _wait_until_dead(pid: int, timeout: float = 60) -> None:
-    """Wait for a process that is not our child to terminate (a pidfd turns readable)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        readable, _, _ = select.select([pidfd], [], [], timeout)
-        assert readable, f"daemon {pid} still runs {timeout:.0f}s after umount"
-    finally:
-        os.close(pidfd)
-
-
 def _plain_umount(mount: Mount, env: dict[str, str]) -> None:
     """``umount MOUNTPOINT`` (not ``nvfs umount``), then wait for the daemon to let go of the store."""
     pid = mount.daemon_pid()
     result = _run(["umount", str(mount.mountpoint)], env)
     assert result.returncode == 0, f"umount failed: {result.stderr}"
     assert not os.path.ismount(mount.mountpoint)
-    _wait_until_dead(pid)
+    wait_until_dead(pid, 60, "umount")
 
 
 def _as_nobody(*command: str) -> subprocess.CompletedProcess:

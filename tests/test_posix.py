@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import drop_cache
+
 KIB = 1 << 10
 MIB = 1 << 20
 SMALL_CHUNK = 64 * KIB
@@ -78,18 +80,16 @@ def randbytes(size: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def drop_cache(path) -> None:
-    """Evict the file's pages from the kernel page cache so reads reach the daemon."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def read_fresh(path) -> bytes:
     drop_cache(path)
     return Path(path).read_bytes()
+
+
+def assert_reads_back(mount, path, expected: bytes) -> None:
+    """``path`` reads back as ``expected`` from the daemon (page cache dropped), and after a remount."""
+    assert read_fresh(path) == expected
+    mount.remount()
+    assert path.read_bytes() == expected
 
 
 def snapshot(root: Path) -> dict:
@@ -164,9 +164,7 @@ def test_sequential_write_in_uneven_pieces(any_chunk):
             position += step
             assert f.tell() == min(position, len(data))
     assert os.path.getsize(path) == len(data)
-    assert read_fresh(path) == data
-    mount.remount()
-    assert path.read_bytes() == data
+    assert_reads_back(mount, path, data)
 
 
 def test_random_writes_match_model(any_chunk):
@@ -191,9 +189,7 @@ def test_random_writes_match_model(any_chunk):
     finally:
         os.close(fd)
     assert os.path.getsize(path) == size
-    assert read_fresh(path) == model
-    mount.remount()
-    assert path.read_bytes() == model
+    assert_reads_back(mount, path, model)
 
 
 def test_overwrite_in_place(any_chunk):
@@ -208,17 +204,13 @@ def test_overwrite_in_place(any_chunk):
         f.write(patch)
     expected = original[:offset] + patch + original[offset + len(patch):]
     assert os.path.getsize(path) == len(original)
-    assert read_fresh(path) == expected
-    mount.remount()
-    assert path.read_bytes() == expected
+    assert_reads_back(mount, path, expected)
     # and once more after the remount, at the very end of the file
     with open(path, "r+b") as f:
         f.seek(len(expected) - 10)
         f.write(b"X" * 10)
     expected = expected[:-10] + b"X" * 10
-    assert read_fresh(path) == expected
-    mount.remount()
-    assert path.read_bytes() == expected
+    assert_reads_back(mount, path, expected)
 
 
 def test_append(any_chunk):
@@ -238,9 +230,7 @@ def test_append(any_chunk):
     finally:
         os.close(fd)
     expected += b"tail"
-    assert read_fresh(path) == expected
-    mount.remount()
-    assert path.read_bytes() == expected
+    assert_reads_back(mount, path, expected)
 
 
 def test_truncate_path_shrink_inside_chunk_then_grow_reads_zeros(any_chunk):
@@ -296,9 +286,7 @@ def test_ftruncate_on_open_fd(any_chunk):
         expected += bytes(chunk + 1 - len(expected))
     finally:
         os.close(fd)
-    assert read_fresh(path) == expected
-    mount.remount()
-    assert path.read_bytes() == expected
+    assert_reads_back(mount, path, expected)
 
 
 def test_shrink_of_committed_file_then_grow_in_same_open(any_chunk):
@@ -314,9 +302,7 @@ def test_shrink_of_committed_file_then_grow_in_same_open(any_chunk):
         f.seek(0)
         assert f.read() == b"\xff" * 50 + bytes(chunk + 50)
     expected = b"\xff" * 50 + bytes(chunk + 50)
-    assert read_fresh(path) == expected
-    mount.remount()
-    assert path.read_bytes() == expected
+    assert_reads_back(mount, path, expected)
 
 
 def test_read_at_arbitrary_offsets(any_chunk):

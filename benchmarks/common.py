@@ -1,0 +1,65 @@
+"""Helpers shared by the benchmarks (``save.py``, ``write.py``, ``s3_read.py``); no torch here."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+NVFS = [sys.executable, "-m", "nvfs"]
+XATTR = "user.nvfs."
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def human(size: float) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(size) >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size:.0f} B"
+
+
+def proc_status(pid: int, key: str) -> int | None:
+    """A ``kB`` field of /proc/PID/status (VmRSS, VmHWM) in bytes; None once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return None  # a zombie has no Vm* lines
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (NaN if it is gone)."""
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(8 * MIB):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def raise_on_sigterm(signum: int, _frame: object) -> None:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks unmount and clean up."""
+    raise SystemExit(128 + signum)
+
+
+def make_workdir(parent: Path | None, prefix: str) -> Path:
+    """A fresh temp dir for one run, under ``parent`` (default /var/tmp, created if missing)."""
+    parent = parent or Path("/var/tmp")
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
