@@ -63,6 +63,7 @@ class Handle:
     writable: bool
     next_offset: int = 0
     streak: int = 0  # bytes read since the last seek
+    ahead: int = 0  # first chunk index that read-ahead has not been asked for yet
 
 
 class Vfs:
@@ -180,7 +181,7 @@ class Vfs:
             if meta is None or meta.kind != node.kind:
                 if node.manifest is not None or node.kind != "file":
                     self._detach(directory, node, collect=False)
-            elif meta.kind != "dir" and meta.to_bytes() != node.to_manifest().to_bytes():
+            elif meta.kind != "dir" and not self._unchanged(node, meta):
                 node.take_attributes(meta)
         for name, meta in entries.items():
             if name not in directory.children:
@@ -301,6 +302,18 @@ class Vfs:
         if node.is_dir or node.kind == "symlink" or node.manifest is not None:
             await self._run(self.store.delete_entry, node.path(), node.kind)
         self._detach(parent, node)
+
+    @staticmethod
+    def _unchanged(node: Node, meta: Manifest) -> bool:
+        """Whether a listed manifest says what the node already holds.
+
+        The store hands back the same manifest object while its version is unchanged, so
+        the usual answer costs an identity check, not a comparison of every chunk.
+        """
+        if node.kind == "file":
+            return meta is node.manifest or meta == node.manifest
+        return (meta.mode, meta.uid, meta.gid, meta.mtime_ns, meta.target) == (
+            node.mode, node.uid, node.gid, node.mtime_ns, node.target)
 
     def _detach(self, parent: Node, node: Node, *, collect: bool = True) -> None:
         """Take ``node`` out of the tree; ``collect`` when this freed chunks in the store."""
@@ -712,12 +725,14 @@ class Vfs:
         if abs(offset - handle.next_offset) <= chunk:
             handle.streak += end - offset
         else:
-            handle.streak = end - offset
+            handle.streak, handle.ahead = end - offset, 0
         handle.next_offset = end
         window = min(handle.streak // 2, self.config.readahead) // chunk
         assert self._nursery is not None
         first = (end - 1) // chunk + 1
-        for index in range(first, min(first + window, len(content.slots))):
+        last = min(first + window, len(content.slots))
+        start, handle.ahead = max(first, handle.ahead), max(handle.ahead, last)
+        for index in range(start, last):  # only chunks no earlier read of this run asked for
             ref = content.slots[index].ref
             if ref is not None and ref.id not in self._cache and ref.id not in self._fetching:
                 self._nursery.start_soon(self._prefetch, ref)
