@@ -15,8 +15,13 @@ __all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine
            "Transform", "make_engine"]
 
 
-def make_engine(name: str, level: int) -> Engine:
-    """Build the engine a mount asked for (``-o engine=``); only the CPU engine exists so far."""
-    if name in ("auto", "cpu"):
+def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "zstd") -> Engine:
+    """Build the engine a mount asked for (``-o engine=auto|gpu|cpu``, ``gpu=N``, ``codec=zstd|ans``).
+
+    GPU support is not implemented yet: ``gpu`` and ``codec`` are accepted for the coming GPU engine.
+    """
+    if codec not in ("zstd", "ans"):
+        raise CodecError(f"codec {codec!r} is not known (use zstd or ans)")
+    if name in ("auto", "cpu") and codec == "zstd":
         return CpuEngine(level=level)
-    raise CodecError(f"engine {name!r} is not available in this version (use auto or cpu)")
+    raise CodecError(f"engine {name!r} with codec {codec!r} is not available in this version (use cpu)")
