@@ -19,7 +19,9 @@ class Codec(IntEnum):
     """Entropy coder of a chunk payload (or of each plane); the numbers are on-disk format."""
 
     RAW = 0
-    ZSTD = 1
+    ZSTD = 1  # one standard zstd frame
+    ZSTD_FRAMES = 2  # planes only: standard zstd frames of a fixed decoded size, lengths in the table
+    ANS = 3  # planes only: nvCOMP ANS frames (a GPU-only coder), laid out as ZSTD_FRAMES
 
 
 class Transform(IntEnum):

@@ -26,11 +26,16 @@ from nvfs.codec.base import Codec, CodecError, ElementKind
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
              ElementKind.FP64: 8}
+FRAME_SIZE = 128 << 10  # decoded bytes per frame of a framed plane: one zstd block, GPU-sized work
+FRAMED = (Codec.ZSTD_FRAMES, Codec.ANS)
 _COUNT = struct.Struct("<I")
 _REGION = struct.Struct("<BQ")
 _PLANE = struct.Struct("<BQ")
+_FRAME = struct.Struct("<I")
 _SAMPLE = 4 << 10  # bytes per sample when deciding whether a plane is worth compressing
 _RANDOM_BITS = 7.9  # a plane whose samples carry more order-0 entropy per byte is stored raw
+_DETECT_SAMPLE = 32 << 10  # bytes per sample when guessing what a chunk holds
+_DETECT_KINDS = (ElementKind.BF16, ElementKind.FP32)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,93 @@ class Region:
 
     length: int
     kind: ElementKind
+
+
+@dataclass(frozen=True)
+class PlaneEntry:
+    """How one plane is stored: its coder, stored bytes and, for framed coders, each frame's length."""
+
+    codec: Codec
+    stored: int
+    frame_size: int = 0
+    frame_lengths: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RegionEntry:
+    """One region of the parameter table: what it holds and how each of its planes is stored."""
+
+    kind: ElementKind
+    length: int
+    planes: tuple[PlaneEntry, ...]
+
+    @property
+    def plane_length(self) -> int:
+        return self.length // ITEM_SIZE[self.kind]
+
+
+def frame_count(plane_length: int, frame_size: int) -> int:
+    """How many frames a framed plane of ``plane_length`` bytes has (the last one may be short)."""
+    return -(-plane_length // frame_size)
+
+
+def pack_params(regions: Sequence[RegionEntry]) -> bytes:
+    """The transform parameters for ``regions`` (docs/FORMAT.md, "Transform 1")."""
+    parts = [_COUNT.pack(len(regions))]
+    for region in regions:
+        parts.append(_REGION.pack(region.kind, region.length))
+        for plane in region.planes:
+            parts.append(_PLANE.pack(plane.codec, plane.stored))
+            if plane.codec in FRAMED:
+                parts.append(_FRAME.pack(plane.frame_size))
+                parts.append(struct.pack(f"<{len(plane.frame_lengths)}I", *plane.frame_lengths))
+    return b"".join(parts)
+
+
+def parse_params(params: bytes, raw_length: int, payload_length: int) -> list[RegionEntry]:
+    """Read and check a parameter table; raises :class:`CodecError` on any inconsistency."""
+    regions: list[RegionEntry] = []
+    try:
+        (count,) = _COUNT.unpack_from(params, 0)
+        cursor, covered, stored_total = _COUNT.size, 0, 0
+        for _ in range(count):
+            kind_value, length = _REGION.unpack_from(params, cursor)
+            cursor += _REGION.size
+            kind = ElementKind(kind_value)
+            if length % ITEM_SIZE[kind] or covered + length > raw_length:
+                raise CodecError("region table does not fit the chunk")
+            planes = []
+            for _ in range(ITEM_SIZE[kind]):
+                plane, cursor = _parse_plane(params, cursor, length // ITEM_SIZE[kind])
+                planes.append(plane)
+                stored_total += plane.stored
+            regions.append(RegionEntry(kind, length, tuple(planes)))
+            covered += length
+    except (struct.error, ValueError) as exc:
+        raise CodecError(f"transform parameters are damaged: {exc}") from exc
+    if covered != raw_length or stored_total != payload_length or cursor != len(params):
+        raise CodecError("regions do not add up to the chunk")
+    return regions
+
+
+def _parse_plane(params: bytes, cursor: int, plane_length: int) -> tuple[PlaneEntry, int]:
+    codec_value, stored = _PLANE.unpack_from(params, cursor)
+    cursor += _PLANE.size
+    codec = Codec(codec_value)
+    if codec == Codec.RAW and stored != plane_length:
+        raise CodecError(f"raw plane holds {stored} bytes, expected {plane_length}")
+    if codec not in FRAMED:
+        return PlaneEntry(codec, stored), cursor
+    (frame_size,) = _FRAME.unpack_from(params, cursor)
+    cursor += _FRAME.size
+    if frame_size == 0:
+        raise CodecError("framed plane with frame size 0")
+    frames = frame_count(plane_length, frame_size)
+    lengths = struct.unpack_from(f"<{frames}I", params, cursor)
+    cursor += 4 * frames
+    if sum(lengths) != stored:
+        raise CodecError("frame lengths do not add up to the plane")
+    return PlaneEntry(codec, stored, frame_size, lengths), cursor
 
 
 def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
@@ -70,7 +162,7 @@ def from_planes(planes: Sequence[bytes | np.ndarray], kind: ElementKind, out: me
 
 
 class PlaneCoder:
-    """Codes planes with zstd or stores them raw; thread-safe (one compressor per thread)."""
+    """Codes planes with zstd on the CPU or stores them raw; thread-safe (one compressor per thread)."""
 
     def __init__(self, level: int) -> None:
         self.level = level
@@ -97,91 +189,142 @@ class PlaneCoder:
             decompressor = self._local.decompressor = zstandard.ZstdDecompressor()
         return decompressor
 
-    def compress(self, plane: np.ndarray | memoryview, *, float_plane: bool) -> tuple[Codec, bytes]:
-        compressor = self._compressors()[0 if float_plane else 1]
-        view = memoryview(plane).cast("B")
-        if len(view) >= 4 * _SAMPLE and _looks_random(np.frombuffer(view, dtype=np.uint8)):
-            return Codec.RAW, view.tobytes()
-        packed = compressor.compress(view)
-        if len(packed) >= len(view):
-            return Codec.RAW, view.tobytes()
-        return Codec.ZSTD, packed
+    def compress_bytes(self, data: memoryview) -> tuple[Codec, bytes]:
+        """One zstd frame at the mount's level (metadata, ints, unknown bytes), or raw."""
+        if len(data) >= 4 * _SAMPLE and looks_random(np.frombuffer(data, dtype=np.uint8)):
+            return Codec.RAW, data.tobytes()
+        packed = self._compressors()[1].compress(data)
+        return (Codec.RAW, data.tobytes()) if len(packed) >= len(data) else (Codec.ZSTD, packed)
 
-    def decompress(self, codec: int, payload: memoryview, length: int) -> bytes | memoryview:
-        if codec == Codec.RAW:
+    def compress_float_plane(self, plane: np.ndarray) -> tuple[PlaneEntry, bytes]:
+        """Frames of :data:`FRAME_SIZE` bytes with the float-plane parameters, or raw."""
+        view = memoryview(plane).cast("B")
+        if len(view) >= 4 * _SAMPLE and looks_random(plane):
+            return PlaneEntry(Codec.RAW, len(view)), view.tobytes()
+        compressor = self._compressors()[0]
+        frames = [compressor.compress(view[start : start + FRAME_SIZE])
+                  for start in range(0, len(view), FRAME_SIZE)]
+        stored = sum(len(frame) for frame in frames)
+        if stored >= len(view):
+            return PlaneEntry(Codec.RAW, len(view)), view.tobytes()
+        lengths = tuple(len(frame) for frame in frames)
+        return PlaneEntry(Codec.ZSTD_FRAMES, stored, FRAME_SIZE, lengths), b"".join(frames)
+
+    def decompress(self, plane: PlaneEntry, payload: memoryview, length: int) -> bytes | memoryview:
+        """The ``length`` bytes of one plane (or of a whole chunk without a transform)."""
+        if plane.codec == Codec.RAW:
             if len(payload) != length:
                 raise CodecError(f"raw plane holds {len(payload)} bytes, expected {length}")
             return payload
-        if codec == Codec.ZSTD:
-            try:
-                data = self._decompressor().decompress(payload, max_output_size=length)
-            except zstandard.ZstdError as exc:
-                raise CodecError(f"zstd plane is damaged: {exc}") from exc
-            if len(data) != length:
-                raise CodecError(f"zstd plane decoded to {len(data)} bytes, expected {length}")
-            return data
-        raise CodecError(f"unknown plane codec {codec}")
+        if plane.codec == Codec.ZSTD:
+            return self._unzstd(payload, length)
+        if plane.codec == Codec.ZSTD_FRAMES:
+            parts, start = [], 0
+            for index, stored in enumerate(plane.frame_lengths):
+                expected = min(plane.frame_size, length - index * plane.frame_size)
+                parts.append(self._unzstd(payload[start : start + stored], expected))
+                start += stored
+            return b"".join(parts)
+        if plane.codec == Codec.ANS:
+            raise CodecError("plane is coded with nvCOMP ANS, which only the GPU engine decodes "
+                             "(mount with -o engine=gpu on a machine with an NVIDIA GPU and nvCOMP)")
+        raise CodecError(f"unknown plane codec {plane.codec}")
+
+    def _unzstd(self, frame: memoryview, length: int) -> bytes:
+        try:
+            data = self._decompressor().decompress(frame, max_output_size=length)
+        except zstandard.ZstdError as exc:
+            raise CodecError(f"zstd frame is damaged: {exc}") from exc
+        if len(data) != length:
+            raise CodecError(f"zstd frame decoded to {len(data)} bytes, expected {length}")
+        return data
 
 
-def _looks_random(plane: np.ndarray) -> bool:
+def looks_random(plane: np.ndarray) -> bool:
     """Whether samples from the start, middle and end of a plane are near-random bytes.
 
     Mantissa planes are; trying zstd on them costs more than counting byte values.
     """
     middle, last = len(plane) // 2, len(plane) - _SAMPLE
     sample = np.concatenate((plane[:_SAMPLE], plane[middle : middle + _SAMPLE], plane[last:]))
-    counts = np.bincount(sample, minlength=256)
-    probabilities = counts[counts > 0] / len(sample)
-    return float(-(probabilities * np.log2(probabilities)).sum()) > _RANDOM_BITS
+    return sample_entropy(np.bincount(sample, minlength=256)) > _RANDOM_BITS
+
+
+def sample_entropy(counts: np.ndarray) -> float:
+    """Order-0 entropy in bits per byte of a histogram of byte values."""
+    probabilities = counts[counts > 0] / counts.sum()
+    return float(-(probabilities * np.log2(probabilities)).sum())
+
+
+def check_regions(data_length: int, regions: Sequence[Region]) -> None:
+    """Refuse a region list that does not cover the chunk exactly in whole values."""
+    if sum(region.length for region in regions) != data_length:
+        raise CodecError("regions do not cover the chunk exactly")
+    for region in regions:
+        if region.length % ITEM_SIZE[region.kind]:
+            raise CodecError(f"region of {region.length} bytes is not whole {region.kind.name} values")
 
 
 def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) -> tuple[bytes, bytes]:
-    """Code ``data`` region by region; returns (params, payload)."""
-    if sum(region.length for region in regions) != len(data):
-        raise CodecError("regions do not cover the chunk exactly")
-    params = [_COUNT.pack(len(regions))]
+    """Code ``data`` region by region on the CPU; returns (params, payload)."""
+    check_regions(len(data), regions)
+    entries: list[RegionEntry] = []
     payload: list[bytes] = []
     view = memoryview(data)
     offset = 0
     for region in regions:
-        if region.length % ITEM_SIZE[region.kind]:
-            raise CodecError(f"region of {region.length} bytes is not whole {region.kind.name} values")
-        params.append(_REGION.pack(region.kind, region.length))
-        float_planes = region.kind != ElementKind.BYTES
-        for plane in to_planes(view[offset : offset + region.length], region.kind):
-            codec, packed = coder.compress(plane, float_plane=float_planes)
-            params.append(_PLANE.pack(codec, len(packed)))
+        planes = []
+        region_bytes = view[offset : offset + region.length]
+        if region.kind == ElementKind.BYTES:
+            codec, packed = coder.compress_bytes(region_bytes)
+            planes.append(PlaneEntry(codec, len(packed)))
             payload.append(packed)
+        else:
+            for plane in to_planes(region_bytes, region.kind):
+                entry, packed = coder.compress_float_plane(plane)
+                planes.append(entry)
+                payload.append(packed)
+        entries.append(RegionEntry(region.kind, region.length, tuple(planes)))
         offset += region.length
-    return b"".join(params), b"".join(payload)
+    return pack_params(entries), b"".join(payload)
 
 
 def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneCoder) -> bytearray:
-    """Inverse of :func:`encode_regions`; raises :class:`CodecError` on any inconsistency."""
+    """Inverse of :func:`encode_regions` (any writer's planes but ANS); raises :class:`CodecError`."""
+    regions = parse_params(params, raw_length, len(payload))
     out = bytearray(raw_length)
     out_view, source = memoryview(out), memoryview(payload)
-    try:
-        (count,) = _COUNT.unpack_from(params, 0)
-        cursor, offset, consumed = _COUNT.size, 0, 0
-        for _ in range(count):
-            kind_value, length = _REGION.unpack_from(params, cursor)
-            cursor += _REGION.size
-            kind = ElementKind(kind_value)
-            size = ITEM_SIZE[kind]
-            if length % size or offset + length > raw_length:
-                raise CodecError("region table does not fit the chunk")
-            planes = []
-            for _ in range(size):
-                codec, stored = _PLANE.unpack_from(params, cursor)
-                cursor += _PLANE.size
-                if consumed + stored > len(source):
-                    raise CodecError("plane lengths exceed the payload")
-                planes.append(coder.decompress(codec, source[consumed : consumed + stored], length // size))
-                consumed += stored
-            from_planes(planes, kind, out_view[offset : offset + length])
-            offset += length
-    except (struct.error, ValueError) as exc:
-        raise CodecError(f"transform parameters are damaged: {exc}") from exc
-    if offset != raw_length or consumed != len(source) or cursor != len(params):
-        raise CodecError("regions do not add up to the chunk")
+    offset, consumed = 0, 0
+    for region in regions:
+        planes = []
+        for plane in region.planes:
+            stored = source[consumed : consumed + plane.stored]
+            planes.append(coder.decompress(plane, stored, region.plane_length))
+            consumed += plane.stored
+        from_planes(planes, region.kind, out_view[offset : offset + region.length])
+        offset += region.length
     return out
+
+
+def detect_regions(data: bytes, coder: PlaneCoder) -> list[Region]:
+    """Guess what a chunk of unknown layout holds: the kind that codes two samples smallest."""
+    view = memoryview(data)
+    if len(view) < 4 * _DETECT_SAMPLE:
+        return [Region(len(view), ElementKind.BYTES)]
+    middle = (len(view) // 2) & ~7
+    samples = [view[:_DETECT_SAMPLE], view[middle : middle + _DETECT_SAMPLE]]
+    best_kind, best_size = ElementKind.BYTES, sum(len(coder.compress_bytes(sample)[1]) for sample in samples)
+    for kind in _DETECT_KINDS:
+        size = sum(len(encode_regions(sample, [Region(len(sample), kind)], coder)[1]) for sample in samples)
+        if size < 0.99 * best_size:
+            best_kind, best_size = kind, size
+    return split_whole_values(len(view), best_kind)
+
+
+def split_whole_values(length: int, kind: ElementKind) -> list[Region]:
+    """``length`` bytes of ``kind`` values, with a trailing partial value kept as bytes."""
+    whole = length - length % ITEM_SIZE[kind]
+    regions = [Region(whole, kind)] if whole else []
+    if whole < length:
+        regions.append(Region(length - whole, ElementKind.BYTES))
+    return regions
