@@ -78,12 +78,14 @@ def _check_mountpoint(path: str) -> str:
 def cmd_mount(args: argparse.Namespace) -> int:
     options = parse_options(args.options)
     mountpoint = _check_mountpoint(args.mountpoint)
+    # Before the store is touched: a refused engine must leave the source as it was.
+    engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
     source = args.source if args.source.startswith("s3://") else os.path.abspath(args.source)
     backend = open_backend(source, options.backend)
     if options.stage_dir:
         backend = StagedBackend(backend, os.path.abspath(options.stage_dir), options.stage_size)
     backend.lock()
-    store = Store.open(backend, make_engine(options.engine, options.level), options.gc_grace)
+    store = Store.open(backend, engine, options.gc_grace)
     if backend.shared and options.vfs.metadata_ttl is None:
         options.vfs.metadata_ttl = SHARED_METADATA_TTL
     if args.foreground:

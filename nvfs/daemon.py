@@ -53,9 +53,8 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
     except RuntimeError as exc:
         ready(f"cannot mount on {mountpoint}: {exc}")
         return 1
-    chosen = " (engine=auto: there is no GPU engine in this version)" if options.engine == "auto" else ""
-    log.info("mounted %s on %s: engine %s%s, chunk size %d", source, mountpoint, store.engine.name, chosen,
-             options.vfs.chunk_size)
+    log.info("mounted %s on %s: engine %s (asked for %s), chunk size %d", source, mountpoint,
+             store.engine.name, options.engine, options.vfs.chunk_size)
     ready(None)
     try:
         trio.run(_serve_until_unmounted, vfs)

@@ -22,6 +22,8 @@ GENERIC_OPTIONS = frozenset({
 _SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)(i?[bB])?$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 LOG_LEVELS = ("debug", "info", "warning", "error")
+CODECS = ("zstd", "ans")
+MAX_GPU = 255  # highest CUDA device number accepted
 # Options whose value is a size in bytes, with their allowed range.
 _SIZE_OPTIONS = {
     "chunk_size": (64 << 10, 64 << 20),
@@ -47,6 +49,8 @@ class MountOptions:
     vfs: VfsConfig = field(default_factory=VfsConfig)
     fuse: set[str] = field(default_factory=set)
     engine: str = "auto"
+    gpu: int = 0  # CUDA device of the GPU engine
+    codec: str = "zstd"  # entropy coder: zstd (portable) or ans (GPU-only format)
     level: int = 3
     log_file: str | None = None
     log_level: str = "info"
@@ -99,6 +103,12 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         if value not in ("auto", "cpu", "gpu"):
             raise OptionError(f"engine must be auto, cpu or gpu, not {value!r}")
         options.engine = value
+    elif name == "gpu":
+        options.gpu = _bounded(name, _integer(name, value), 0, MAX_GPU)
+    elif name == "codec":
+        if value not in CODECS:
+            raise OptionError(f"codec must be {' or '.join(CODECS)}, not {value!r}")
+        options.codec = value
     elif name == "log_file":
         options.log_file = value
     elif name in _BACKEND_OPTIONS:
@@ -121,8 +131,8 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
 
 _BACKEND_OPTIONS = frozenset({"endpoint_url", "region", "profile"})
 _VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | {
-    "threads", "level", "engine", "log_file", "log_level", "metadata_ttl", "gc_grace", "stage_dir",
-    "stage_size"}
+    "threads", "level", "engine", "gpu", "codec", "log_file", "log_level", "metadata_ttl", "gc_grace",
+    "stage_dir", "stage_size"}
 
 
 def _size(name: str, text: str) -> int:

@@ -105,14 +105,37 @@ def test_mountpoint_is_busy(mount_factory):
     assert not os.path.ismount(first.mountpoint), "the failed mount stacked a second mount on top"
 
 
-@pytest.mark.parametrize(("option", "named"), [("bogus=1", "bogus"), ("chunk_size=abc", "abc")],
-                         ids=["unknown_option", "bad_option_value"])
+@pytest.mark.parametrize(("option", "named"), [
+    ("bogus=1", "bogus"), ("chunk_size=abc", "abc"), ("engine=fast", "engine"), ("gpu=-1", "gpu"),
+    ("gpu=one", "gpu"), ("codec=lz4", "codec"),
+], ids=["unknown_option", "bad_option_value", "unknown_engine", "negative_gpu", "gpu_not_a_number",
+        "unknown_codec"])
 def test_bad_option_is_refused(mount_factory, option, named):
     mount = mount_factory()
     result = _mount_cli(mount, "-o", option)
     _assert_error(result, named)
     assert not os.path.ismount(mount.mountpoint)
     assert list(mount.source.iterdir()) == []
+
+
+@pytest.mark.parametrize("options", ["engine=gpu", "engine=gpu,gpu=1", "engine=cpu,codec=ans"])
+def test_unavailable_engine_fails_the_mount(mount_factory, options):
+    """On a machine without a usable GPU engine, asking for one is a clear error, not a CPU fallback."""
+    mount = mount_factory()
+    result = _mount_cli(mount, "-o", options)
+    _assert_error(result, "engine")
+    assert not os.path.ismount(mount.mountpoint)
+    assert list(mount.source.iterdir()) == [], "a refused mount initialised the store"
+
+
+def test_engine_options_select_the_cpu_engine(mount_factory):
+    mount = mount_factory()
+    mount.mount("engine=cpu", "gpu=0", "codec=zstd")
+    (mount.path / "f.bin").write_bytes(bytes(range(256)) * 4096)
+    mount.remount()
+    assert (mount.path / "f.bin").read_bytes() == bytes(range(256)) * 4096
+    assert os.getxattr(mount.path / "f.bin", "user.nvfs.engine") == b"cpu"
+    assert "engine cpu" in mount.log()
 
 
 def test_second_mount_of_a_mounted_store_is_refused(mount_factory):
