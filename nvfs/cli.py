@@ -15,10 +15,10 @@ import sys
 import time
 from collections.abc import Iterator
 
-from nvfs.backend import BackendError, StagedBackend, open_backend
+from nvfs.backend import Backend, BackendError, StagedBackend, open_backend
 from nvfs.codec import CodecError, make_engine
 from nvfs.daemon import default_log_file, run_in_background, serve, setup_logging
-from nvfs.options import OptionError, parse_options
+from nvfs.options import MountOptions, OptionError, parse_options
 from nvfs.store import Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
@@ -78,26 +78,37 @@ def _check_mountpoint(path: str) -> str:
 def cmd_mount(args: argparse.Namespace) -> int:
     options = parse_options(args.options)
     mountpoint = _check_mountpoint(args.mountpoint)
-    # Before the store is touched: a refused engine must leave the source as it was.
-    engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
     source = args.source if args.source.startswith("s3://") else os.path.abspath(args.source)
     backend = open_backend(source, options.backend)
     if options.stage_dir:
         backend = StagedBackend(backend, os.path.abspath(options.stage_dir), options.stage_size)
     backend.lock()
-    store = Store.open(backend, engine, options.gc_grace)
     if backend.shared and options.vfs.metadata_ttl is None:
         options.vfs.metadata_ttl = SHARED_METADATA_TTL
     if args.foreground:
         setup_logging(options.log_file, options.log_level)
-        return serve(store, source, mountpoint, options, _report_foreground)
+        return serve(open_store(backend, options), source, mountpoint, options, _report_foreground)
     log_file = options.log_file or default_log_file(mountpoint)
 
     def run(ready) -> int:
         setup_logging(log_file, options.log_level)
+        try:
+            store = open_store(backend, options)
+        except (BackendError, StoreError, CodecError) as exc:
+            ready(str(exc))
+            return 1
         return serve(store, source, mountpoint, options, ready)
 
     return run_in_background(run)
+
+
+def open_store(backend: Backend, options: MountOptions) -> Store:
+    """The codec engine, then the store: a refused engine leaves the source as it was.
+
+    Called in the daemon process, after the fork: a CUDA context does not survive ``fork``.
+    """
+    engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
+    return Store.open(backend, engine, options.gc_grace)
 
 
 def _report_foreground(error: str | None) -> None:

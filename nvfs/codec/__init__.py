@@ -6,10 +6,14 @@ transform parameters); the store records those in the chunk header so that any e
 on any machine can decode it.
 """
 
+import logging
+
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Engine, Transform
 from nvfs.codec.cpu import CpuEngine
 from nvfs.codec.layout import LayoutTracker
 from nvfs.codec.planes import Region
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine", "LayoutTracker", "Region",
            "Transform", "make_engine"]
@@ -18,10 +22,24 @@ __all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine
 def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "zstd") -> Engine:
     """Build the engine a mount asked for (``-o engine=auto|gpu|cpu``, ``gpu=N``, ``codec=zstd|ans``).
 
-    GPU support is not implemented yet: ``gpu`` and ``codec`` are accepted for the coming GPU engine.
+    ``auto`` takes the GPU engine where CUDA, CuPy and nvCOMP are usable, else the CPU engine
+    (and logs why); ``gpu`` insists and raises :class:`CodecError` saying what is missing.
     """
+    if name not in ("auto", "gpu", "cpu"):
+        raise CodecError(f"engine {name!r} is not known (use auto, gpu or cpu)")
     if codec not in ("zstd", "ans"):
         raise CodecError(f"codec {codec!r} is not known (use zstd or ans)")
-    if name in ("auto", "cpu") and codec == "zstd":
+    if name == "cpu":
+        if codec == "ans":
+            raise CodecError("codec=ans needs the GPU engine: ANS has no CPU coder (use codec=zstd)")
         return CpuEngine(level=level)
-    raise CodecError(f"engine {name!r} with codec {codec!r} is not available in this version (use cpu)")
+    try:
+        from nvfs.codec.gpu import GpuEngine
+
+        return GpuEngine(level=level, device=gpu, codec=codec)
+    except (ImportError, CodecError) as exc:
+        if name == "gpu" or codec == "ans":
+            raise CodecError(f"engine=gpu{' (needed by codec=ans)' if codec == 'ans' else ''} is not "
+                             f"usable: {exc}") from exc
+        log.info("engine=auto: using the CPU engine (%s)", exc)
+        return CpuEngine(level=level)

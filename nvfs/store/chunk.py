@@ -3,14 +3,14 @@
 A chunk object is a fixed 64-byte header, the transform parameters, then the payload::
 
     0   4  magic  b"NVFC"
-    4   1  format version (1)
+    4   1  format version (2; 1 had no CRC)
     5   1  codec (nvfs.codec.Codec)
     6   1  transform (nvfs.codec.Transform)
     7   1  engine that wrote it (0 cpu, 1 gpu), informational
     8   8  uncompressed length, little-endian
     16  8  payload length
     24  4  transform parameter length
-    28  4  reserved, zero
+    28  4  CRC-32 of everything after the header (version 2; zero in version 1)
     32  32 SHA-256 of the uncompressed bytes (also the chunk's id)
 """
 
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from dataclasses import dataclass
 
 from nvfs.codec import Codec, CodecError, Encoded, Engine, Region, Transform
 
 MAGIC = b"NVFC"
-CHUNK_FORMAT_VERSION = 1
+CHUNK_FORMAT_VERSION = 2
 HEADER = struct.Struct("<4sBBBBQQII32s")
 ENGINE_IDS = {"cpu": 0, "gpu": 1}
 
@@ -64,17 +65,22 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
         len(data),
         len(encoded.payload),
         len(encoded.params),
-        0,
+        zlib.crc32(encoded.payload, zlib.crc32(encoded.params)),
         digest or chunk_digest(data),
     )
     return b"".join((header, encoded.params, encoded.payload)), encoded
 
 
 def parse_header(blob: bytes) -> ChunkHeader:
-    """Read and check the header of a chunk object."""
+    """Read and check the header of a chunk object, and the CRC of the rest (version 2 on).
+
+    The CRC catches damaged stored bytes before any decoder sees them: a GPU decoder may fault
+    on a damaged zstd frame instead of reporting it, while the SHA-256 can only be checked after
+    decoding.
+    """
     if len(blob) < HEADER.size:
         raise ChunkCorrupt(f"object is {len(blob)} bytes, shorter than a chunk header")
-    magic, version, codec, transform, engine_id, raw, payload, params, _, digest = HEADER.unpack_from(blob)
+    magic, version, codec, transform, engine_id, raw, payload, params, crc, digest = HEADER.unpack_from(blob)
     if magic != MAGIC:
         raise ChunkCorrupt(f"bad magic {magic!r}")
     if version > CHUNK_FORMAT_VERSION:
@@ -85,6 +91,8 @@ def parse_header(blob: bytes) -> ChunkHeader:
         raise ChunkCorrupt(f"unknown codec {codec} or transform {transform}") from exc
     if HEADER.size + params + payload != len(blob):
         raise ChunkCorrupt(f"lengths in header ({params}+{payload}) do not match object size {len(blob)}")
+    if version >= 2 and zlib.crc32(memoryview(blob)[HEADER.size :]) != crc:
+        raise ChunkCorrupt("CRC mismatch: the stored bytes are damaged")
     return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest)
 
 

@@ -1,0 +1,567 @@
+"""GPU engine: the plane transform as CUDA kernels (CuPy) and entropy coding with nvCOMP.
+
+It writes the format the CPU engine writes (docs/FORMAT.md, "Transform 1"): regions split
+into byte planes, near-random planes stored raw (the same sample test as the CPU engine),
+the others cut into 128 KiB sub-blocks, each one standard zstd frame (nvCOMP's Zstd in its
+RAW bitstream). A CPU-only machine reads those chunks with the ``zstandard`` package, and
+this engine reads chunks the CPU engine wrote. ``codec="ans"`` codes the sub-blocks with
+nvCOMP's ANS instead: faster and GPU-only.
+
+GPU work is done in batches: the store's worker threads call :meth:`GpuEngine.encode` and
+:meth:`GpuEngine.decode` concurrently; each call queues its chunk and waits, and one
+dispatcher thread, the only one that touches the GPU, takes every queued chunk (up to a
+byte budget) and codes them together — one host-to-device copy through pinned memory, one
+kernel per transform step and one nvCOMP call for all sub-blocks of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
+from nvfs.codec.cpu import CpuEngine
+from nvfs.codec.planes import (
+    FRAME_SIZE,
+    ITEM_SIZE,
+    PlaneCoder,
+    PlaneEntry,
+    Region,
+    RegionEntry,
+    check_regions,
+    detect_regions,
+    frame_count,
+    pack_params,
+    parse_params,
+    sample_entropy,
+)
+
+log = logging.getLogger(__name__)
+
+try:  # the engine is optional: importing nvfs never needs CUDA (make_engine reports why it is absent)
+    import cupy as cp
+    from nvidia import nvcomp
+except ImportError as exc:  # pragma: no cover - depends on the machine
+    raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
+
+BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
+_SAMPLE = 4 << 10  # must match the CPU engine's raw-plane test (nvfs.codec.planes)
+_RANDOM_BITS = 7.9
+_THREADS = 256
+_ALIGN = 256  # plane and frame alignment in device buffers (nvCOMP asks for at most this)
+
+_KERNELS = r"""
+extern "C" {
+// Regions of a batch are described by tables indexed by region: its first value's index in
+// the batch (ascending), its byte offset in the data, where its planes start in the plane
+// buffer and their stride (plane p at plane_offset + p * stride: aligned for nvCOMP), and its
+// value size.
+__device__ int find_region(const long long* first_value, int regions, long long v) {
+    int lo = 0, hi = regions - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (first_value[mid] <= v) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// One thread per value: rotate it left one bit, scatter its bytes to the planes (MSB first).
+__global__ void split_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
+                             const long long* offset, const long long* plane_offset, const long long* stride,
+                             const int* item_size, int regions, long long values) {
+    long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (v >= values) return;
+    int r = find_region(first_value, regions, v);
+    long long i = v - first_value[r];
+    long long n = stride[r];
+    int size = item_size[r];
+    const unsigned char* in = src + offset[r] + i * size;
+    unsigned char* out = dst + plane_offset[r] + i;
+    if (size == 1) { out[0] = in[0]; return; }
+    unsigned long long x = 0;
+    for (int b = 0; b < size; b++) x |= (unsigned long long)in[b] << (8 * b);
+    int bits = 8 * size;
+    unsigned long long mask = bits == 64 ? ~0ULL : ((1ULL << bits) - 1);
+    x = ((x << 1) | (x >> (bits - 1))) & mask;
+    for (int p = 0; p < size; p++) out[p * n] = (unsigned char)(x >> (8 * (size - 1 - p)));
+}
+
+// Inverse of split_planes.
+__global__ void merge_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
+                             const long long* offset, const long long* plane_offset, const long long* stride,
+                             const int* item_size, int regions, long long values) {
+    long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (v >= values) return;
+    int r = find_region(first_value, regions, v);
+    long long i = v - first_value[r];
+    long long n = stride[r];
+    int size = item_size[r];
+    const unsigned char* in = src + plane_offset[r] + i;
+    unsigned char* out = dst + offset[r] + i * size;
+    if (size == 1) { out[0] = in[0]; return; }
+    unsigned long long x = 0;
+    for (int p = 0; p < size; p++) x |= (unsigned long long)in[p * n] << (8 * (size - 1 - p));
+    int bits = 8 * size;
+    x = (x >> 1) | ((x & 1ULL) << (bits - 1));
+    for (int b = 0; b < size; b++) out[b] = (unsigned char)(x >> (8 * b));
+}
+
+// One block per segment: copy length[s] bytes from src + src_offset[s] to dst + dst_offset[s].
+__global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* src_offset,
+                              const long long* dst_offset, const long long* length) {
+    int s = blockIdx.x;
+    const unsigned char* in = src + src_offset[s];
+    unsigned char* out = dst + dst_offset[s];
+    for (long long k = threadIdx.x; k < length[s]; k += blockDim.x) out[k] = in[k];
+}
+
+// Grid (planes, 3): byte histogram of the start, middle and end 4 KiB of each plane, the
+// samples the CPU engine's raw test looks at.
+__global__ void sample_histograms(const unsigned char* planes, const long long* plane_offset,
+                                  const long long* plane_length, unsigned int* counts) {
+    __shared__ unsigned int local[256];
+    int plane = blockIdx.x;
+    local[threadIdx.x] = 0;
+    __syncthreads();
+    long long n = plane_length[plane];
+    long long start = blockIdx.y == 0 ? 0 : (blockIdx.y == 1 ? n / 2 : n - 4096);
+    const unsigned char* sample = planes + plane_offset[plane] + start;
+    for (int k = threadIdx.x; k < 4096; k += blockDim.x) atomicAdd(&local[sample[k]], 1u);
+    __syncthreads();
+    atomicAdd(&counts[plane * 256 + threadIdx.x], local[threadIdx.x]);
+}
+}
+"""
+
+
+@dataclass
+class _Plane:
+    """One plane of a batch: where it lies in the plane buffer and how it ends up stored."""
+
+    chunk: int
+    offset: int
+    length: int
+    coded: bool = False
+    first_frame: int = 0
+    frames: int = 0
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A region of a batch: where its bytes lie in the data and its planes in the plane buffer."""
+
+    kind: ElementKind
+    offset: int
+    length: int
+    plane_offset: int
+    stride: int  # plane p starts at plane_offset + p * stride
+
+    def plane_start(self, index: int) -> int:
+        return self.plane_offset + index * self.stride
+
+    @property
+    def plane_length(self) -> int:
+        return self.length // ITEM_SIZE[self.kind]
+
+
+@dataclass
+class _Layout:
+    """A batch's regions as kernel tables, plus each chunk's placed regions in order."""
+
+    tables: tuple  # device arrays: first value, data offset, plane offset, stride, value size
+    values: int
+    plane_bytes: int
+    regions: list[list[_Placed]]
+
+
+class GpuEngine:
+    """nvCOMP on one GPU, with the plane transform done by CUDA kernels; thread-safe.
+
+    It trusts what it decodes: the store checks each chunk's CRC first (nvCOMP may fault on a
+    damaged frame, which would spoil the CUDA context, instead of reporting it).
+    """
+
+    name = "gpu"
+
+    def __init__(self, level: int = 3, device: int = 0, codec: str = "zstd") -> None:
+        if codec not in ("zstd", "ans"):
+            raise CodecError(f"codec {codec!r} is not known (use zstd or ans)")
+        self.device = device
+        self.codec = Codec.ANS if codec == "ans" else Codec.ZSTD_FRAMES
+        self._cpu = CpuEngine(level)  # chunks without a transform, and layout detection
+        self._detector = PlaneCoder(level)
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        started: Future = Future()
+        self._thread = threading.Thread(target=self._dispatch, args=(started,), name="nvfs-gpu", daemon=True)
+        self._thread.start()
+        started.result()  # raises here if the GPU or nvCOMP cannot be set up
+
+    # -- the Engine interface: called from many threads -----------------------------------
+
+    def encode(self, data: bytes, regions: Sequence[Region] | None = None) -> Encoded:
+        if regions is None:
+            regions = detect_regions(data, self._detector)
+        check_regions(len(data), regions)
+        return self._submit("encode", (data, list(regions)))
+
+    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
+        if encoded.transform != Transform.PLANES:
+            return self._cpu.decode(encoded, raw_length)
+        return self._submit("decode", (encoded, raw_length))
+
+    def close(self) -> None:
+        """Stop the dispatcher thread (pending requests are served first)."""
+        self._requests.put(None)
+        self._thread.join()
+
+    def _submit(self, kind: str, item: tuple) -> object:
+        future: Future = Future()
+        self._requests.put((kind, item, future))
+        return future.result()
+
+    # -- the dispatcher thread --------------------------------------------------------------
+
+    def _dispatch(self, started: Future) -> None:
+        try:
+            self._setup()
+        except Exception as exc:  # any CUDA or nvCOMP failure means: no GPU engine here
+            started.set_exception(CodecError(f"the GPU engine cannot start on device {self.device}: {exc}"))
+            return
+        started.set_result(None)
+        while True:
+            first = self._requests.get()
+            if first is None:
+                return
+            batch, stop = [first], False
+            size = _request_bytes(first)
+            while size < BATCH_BYTES:
+                try:
+                    request = self._requests.get_nowait()
+                except queue.Empty:
+                    break
+                if request is None:
+                    stop = True
+                    break
+                batch.append(request)
+                size += _request_bytes(request)
+            for kind, run in (("encode", self.encode_batch), ("decode", self.decode_batch)):
+                self._serve([request for request in batch if request[0] == kind], run)
+            if stop:
+                return
+
+    @staticmethod
+    def _serve(requests: list, run) -> None:
+        if not requests:
+            return
+        try:
+            results = run([request[1] for request in requests])
+        except Exception as exc:
+            if len(requests) == 1:
+                requests[0][2].set_exception(exc if isinstance(exc, CodecError) else CodecError(str(exc)))
+                return
+            for request in requests:  # find the culprit: retry one by one
+                GpuEngine._serve([request], run)
+            return
+        for request, result in zip(requests, results, strict=True):
+            request[2].set_result(result)
+
+    def _setup(self) -> None:
+        cp.cuda.Device(self.device).use()
+        self._stream = cp.cuda.Stream(non_blocking=True)
+        module = cp.RawModule(code=_KERNELS)
+        self._split = module.get_function("split_planes")
+        self._merge = module.get_function("merge_planes")
+        self._copy = module.get_function("copy_segments")
+        self._histograms = module.get_function("sample_histograms")
+        common = {"bitstream_kind": nvcomp.BitstreamKind.RAW, "device_id": self.device,
+                  "cuda_stream": self._stream.ptr}
+        self._zstd = nvcomp.Codec(algorithm="Zstd", **common)
+        self._ans = nvcomp.Codec(algorithm="ANS", data_type="|u1", **common)
+        frame = nvcomp.as_array(cp.empty(FRAME_SIZE, dtype=cp.uint8))
+        coder = self._ans if self.codec == Codec.ANS else self._zstd
+        self._capacity = -(-coder.get_max_comp_buffer_size(frame) // _ALIGN) * _ALIGN
+        self._pinned = np.empty(0, dtype=np.uint8)
+        warm_up = np.zeros(1 << 20, dtype=np.uint8).tobytes()  # compiles the kernels, sizes the pools
+        self.encode_batch([(warm_up, [Region(len(warm_up), ElementKind.BF16)])])
+
+    # -- batches: also the benchmark's entry points ---------------------------------------
+
+    def encode_batch(self, items: Sequence[tuple[bytes, list[Region]]]) -> list[Encoded]:
+        """Encode chunks (data, regions covering it) together; returns one :class:`Encoded` each."""
+        buffers = [memoryview(data) for data, _ in items]
+        with self._stream:
+            device = self._upload(buffers, reserve=sum(len(buffer) for buffer in buffers))
+            params, payload, offsets = self.encode_device(device, [regions for _, regions in items])
+            host = self._download(payload)
+        results = []
+        for index, (data, _) in enumerate(items):
+            chunk_payload = bytes(host[offsets[index] : offsets[index + 1]])
+            if len(params[index]) + len(chunk_payload) >= len(data):
+                results.append(Encoded(Codec.RAW, Transform.NONE, b"", bytes(data)))
+            else:
+                chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
+                results.append(Encoded(chunk_codec, Transform.PLANES, params[index], chunk_payload))
+        return results
+
+    def encode_device(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]
+                      ) -> tuple[list[bytes], cp.ndarray, list[int]]:
+        """Encode chunks lying back to back in device memory (uint8).
+
+        Returns each chunk's transform parameters, the payloads back to back in device memory,
+        and the payload offsets (one more than there are chunks).
+        """
+        with self._stream:
+            layout = _layout(regions)
+            planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
+            self._launch(self._split, data, planes_buffer, layout)
+            planes = _planes_of(layout)
+            self._choose_coded(planes_buffer, planes)
+            frames, compressed = self._compress(planes_buffer, planes)
+            return self._assemble(planes_buffer, planes, layout, frames, compressed)
+
+    def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[bytearray]:
+        """Decode chunks written with transform 1 by any engine; returns their bytes."""
+        tables = [parse_params(encoded.params, raw, len(encoded.payload)) for encoded, raw in items]
+        with self._stream:
+            payload = self._upload([memoryview(encoded.payload) for encoded, _ in items],
+                                   reserve=sum(raw for _, raw in items))
+            payload_offsets = np.cumsum([0] + [len(encoded.payload) for encoded, _ in items]).tolist()
+            out = self.decode_device(payload, payload_offsets, tables)
+            host = self._download(out)
+        results, start = [], 0
+        for _, raw in items:
+            results.append(bytearray(host[start : start + raw]))
+            start += raw
+        return results
+
+    def decode_device(self, payload: cp.ndarray, payload_offsets: Sequence[int],
+                      tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
+        """Decode chunks whose payloads lie back to back in device memory; returns their bytes."""
+        with self._stream:
+            return self._decode_on_stream(payload, payload_offsets, tables)
+
+    def _decode_on_stream(self, payload: cp.ndarray, payload_offsets: Sequence[int],
+                          tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
+        layout = _layout([[Region(entry.length, entry.kind) for entry in table] for table in tables])
+        total = sum(entry.length for table in tables for entry in table)
+        planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
+        raw_segments: list[tuple[int, int, int]] = []
+        framed: dict[Codec, list[tuple[int, int, int, int]]] = {}  # codec: (src, length, dst, size)
+        for chunk, table in enumerate(tables):
+            source = payload_offsets[chunk]
+            for entry, placed in zip(table, layout.regions[chunk], strict=True):
+                plane_length = entry.plane_length
+                for index, plane in enumerate(entry.planes):
+                    target = placed.plane_start(index)
+                    if plane.codec == Codec.RAW:
+                        raw_segments.append((source, target, plane.stored))
+                    elif plane.codec == Codec.ZSTD:
+                        framed.setdefault(Codec.ZSTD_FRAMES, []).append(
+                            (source, plane.stored, target, plane_length))
+                    else:
+                        frames = _frames_of(plane, source, target, plane_length)
+                        framed.setdefault(plane.codec, []).extend(frames)
+                    source += plane.stored
+        self._copy_segments(payload, planes_buffer, raw_segments)
+        for codec, frames in framed.items():
+            self._decompress(codec, payload, planes_buffer, frames)
+        out = cp.empty(total, dtype=cp.uint8)
+        self._launch(self._merge, planes_buffer, out, layout)
+        return out
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _upload(self, buffers: Sequence[memoryview], reserve: int) -> cp.ndarray:
+        """Copy host buffers back to back into device memory through the pinned staging buffer.
+
+        The buffer is grown first to ``reserve`` bytes as well, the most the batch will download,
+        so that it is never replaced while the copy to the device may still be running.
+        """
+        total = sum(len(buffer) for buffer in buffers)
+        staging = self._staging(max(total, reserve))
+        start = 0
+        for buffer in buffers:
+            staging[start : start + len(buffer)] = np.frombuffer(buffer, dtype=np.uint8)
+            start += len(buffer)
+        device = cp.empty(total, dtype=cp.uint8)
+        device.set(staging[:total], stream=self._stream)
+        return device
+
+    def _download(self, device: cp.ndarray) -> np.ndarray:
+        """Copy a device buffer into the pinned staging buffer and wait for it."""
+        staging = self._staging(device.size)[: device.size]
+        device.get(stream=self._stream, out=staging)
+        self._stream.synchronize()
+        return staging
+
+    def _staging(self, size: int) -> np.ndarray:
+        """The pinned host buffer, grown to ``size`` bytes (reused: one batch at a time)."""
+        if self._pinned.size < size:
+            memory = cp.cuda.alloc_pinned_memory(max(size, 2 * self._pinned.size))
+            self._pinned = np.frombuffer(memory, dtype=np.uint8)
+        return self._pinned
+
+    def _launch(self, kernel, source: cp.ndarray, target: cp.ndarray, layout: _Layout) -> None:
+        if layout.values == 0:
+            return
+        blocks = -(-layout.values // _THREADS)
+        regions = np.int32(len(layout.tables[0]))
+        kernel((blocks,), (_THREADS,), (source, target, *layout.tables, regions, np.int64(layout.values)))
+
+    def _choose_coded(self, planes_buffer: cp.ndarray, planes: list[_Plane]) -> None:
+        """Mark the planes worth coding: all but near-random ones (the CPU engine's sample test)."""
+        tested = [plane for plane in planes if plane.length >= 4 * _SAMPLE]
+        for plane in planes:
+            plane.coded = plane.length > 0
+        if not tested:
+            return
+        counts = cp.zeros(len(tested) * 256, dtype=cp.uint32)
+        offsets = cp.asarray([plane.offset for plane in tested], dtype=cp.int64)
+        lengths = cp.asarray([plane.length for plane in tested], dtype=cp.int64)
+        self._histograms((len(tested), 3), (256,), (planes_buffer, offsets, lengths, counts))
+        histograms = counts.get(stream=self._stream).reshape(len(tested), 256)
+        for plane, histogram in zip(tested, histograms, strict=True):
+            plane.coded = sample_entropy(histogram) <= _RANDOM_BITS
+
+    def _compress(self, planes_buffer: cp.ndarray, planes: list[_Plane]) -> tuple[np.ndarray, cp.ndarray]:
+        """Code every frame of the coded planes in one nvCOMP call; returns frame lengths and output."""
+        offsets, sizes = [], []
+        for plane in planes:
+            if not plane.coded:
+                continue
+            plane.first_frame, plane.frames = len(sizes), frame_count(plane.length, FRAME_SIZE)
+            starts = range(plane.offset, plane.offset + plane.length, FRAME_SIZE)
+            offsets.extend(starts)
+            sizes.extend(min(FRAME_SIZE, plane.offset + plane.length - start) for start in starts)
+        if not sizes:
+            return np.zeros(0, dtype=np.int64), cp.empty(0, dtype=cp.uint8)
+        capacity = self._capacity
+        compressed = cp.empty(len(sizes) * capacity, dtype=cp.uint8)
+        coder = self._ans if self.codec == Codec.ANS else self._zstd
+        sources = nvcomp.as_arrays(planes_buffer, offsets, sizes, self._stream.ptr)
+        targets = nvcomp.as_arrays(compressed, [index * capacity for index in range(len(sizes))],
+                                   [capacity] * len(sizes), self._stream.ptr)
+        coded = coder.encode(sources, out=targets)
+        return np.asarray(batch_sizes(coded), dtype=np.int64), compressed
+
+    def _assemble(self, planes_buffer: cp.ndarray, planes: list[_Plane], layout: _Layout,
+                  frames: np.ndarray, compressed: cp.ndarray) -> tuple[list[bytes], cp.ndarray, list[int]]:
+        """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer."""
+        capacity = self._capacity
+        raw_segments, frame_segments, params = [], [], []
+        offsets, cursor, plane_iter = [0], 0, iter(planes)
+        for chunk_regions in layout.regions:
+            entries = []
+            for placed in chunk_regions:
+                plane_entries = []
+                for _ in range(ITEM_SIZE[placed.kind]):
+                    plane = next(plane_iter)
+                    lengths = frames[plane.first_frame : plane.first_frame + plane.frames]
+                    stored = int(lengths.sum())
+                    if plane.coded and stored < plane.length:
+                        starts = (plane.first_frame + np.arange(plane.frames)) * capacity
+                        targets = cursor + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+                        frame_segments.append(np.stack((starts, targets, lengths)))
+                        plane_entries.append(PlaneEntry(self.codec, stored, FRAME_SIZE,
+                                                        tuple(int(n) for n in lengths)))
+                    else:
+                        stored = plane.length
+                        raw_segments.append((plane.offset, cursor, stored))
+                        plane_entries.append(PlaneEntry(Codec.RAW, stored))
+                    cursor += stored
+                entries.append(RegionEntry(placed.kind, placed.length, tuple(plane_entries)))
+            params.append(pack_params(entries))
+            offsets.append(cursor)
+        payload = cp.empty(cursor, dtype=cp.uint8)
+        self._copy_segments(planes_buffer, payload, raw_segments)
+        if frame_segments:
+            table = np.concatenate(frame_segments, axis=1)
+            self._copy_segments(compressed, payload, list(zip(*table.tolist(), strict=True)))
+        return params, payload, offsets
+
+    def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
+                    frames: list[tuple[int, int, int, int]]) -> None:
+        """Decode frames (payload offset, stored length, plane buffer offset, size) in one nvCOMP call.
+
+        Frames lie packed in the payload; they are first gathered at aligned offsets, as nvCOMP
+        wants its inputs aligned.
+        """
+        sources, lengths, targets, sizes = (list(column) for column in zip(*frames, strict=True))
+        aligned = np.cumsum([0] + [-(-length // _ALIGN) * _ALIGN for length in lengths]).tolist()
+        gathered = cp.empty(aligned[-1], dtype=cp.uint8)
+        self._copy_segments(payload, gathered, list(zip(sources, aligned[:-1], lengths, strict=True)))
+        coder = self._ans if codec == Codec.ANS else self._zstd
+        decoded = coder.decode(nvcomp.as_arrays(gathered, aligned[:-1], lengths, self._stream.ptr),
+                               out=nvcomp.as_arrays(planes_buffer, targets, sizes, self._stream.ptr))
+        produced = batch_sizes(decoded)
+        if list(produced) != sizes:
+            raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
+
+    def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:
+        """Copy (source offset, target offset, length) segments in one kernel."""
+        if not len(segments):
+            return
+        src, dst, length = (cp.asarray(column, dtype=cp.int64) for column in zip(*segments, strict=True))
+        self._copy((len(segments),), (_THREADS,), (source, target, src, dst, length))
+
+
+def _request_bytes(request: tuple) -> int:
+    kind, item, _ = request
+    return len(item[0]) if kind == "encode" else item[1]
+
+
+def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
+    """Kernel tables for chunks placed back to back, in the order given.
+
+    Each plane starts at a multiple of :data:`_ALIGN` in the plane buffer, so every frame that
+    nvCOMP reads or writes there is aligned as it requires.
+    """
+    columns: tuple[list[int], ...] = ([], [], [], [], [])
+    per_chunk, values, base, plane_base = [], 0, 0, 0
+    for chunk_regions in regions:
+        placed = []
+        for region in chunk_regions:
+            size = ITEM_SIZE[region.kind]
+            stride = -(-(region.length // size) // _ALIGN) * _ALIGN
+            placed.append(_Placed(region.kind, base, region.length, plane_base, stride))
+            if region.length:
+                for column, value in zip(columns, (values, base, plane_base, stride, size), strict=True):
+                    column.append(value)
+                values += region.length // size
+            base += region.length
+            plane_base += size * stride
+        per_chunk.append(placed)
+    tables = tuple(cp.asarray(column, dtype=cp.int32 if index == 4 else cp.int64)
+                   for index, column in enumerate(columns))
+    return _Layout(tables, values, plane_base, per_chunk)
+
+
+def _planes_of(layout: _Layout) -> list[_Plane]:
+    return [_Plane(chunk, placed.plane_start(index), placed.plane_length)
+            for chunk, chunk_regions in enumerate(layout.regions)
+            for placed in chunk_regions for index in range(ITEM_SIZE[placed.kind])]
+
+
+def _frames_of(plane: PlaneEntry, source: int, target: int,
+               plane_length: int) -> list[tuple[int, int, int, int]]:
+    """(source, stored length, target, decoded size) of each frame of a framed plane."""
+    frames = []
+    for index, stored in enumerate(plane.frame_lengths):
+        size = min(plane.frame_size, plane_length - index * plane.frame_size)
+        frames.append((source, stored, target + index * plane.frame_size, size))
+        source += stored
+    return frames
+
+
+def batch_sizes(batch) -> list[int]:
+    """The byte length of each buffer of an nvCOMP batch, as Python ints."""
+    sizes = batch.buffer_sizes
+    if hasattr(sizes, "__cuda_array_interface__"):
+        return cp.asarray(sizes).get().tolist()
+    return [int(size) for size in sizes]

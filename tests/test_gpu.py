@@ -1,0 +1,175 @@
+"""The GPU engine (nvCOMP through CuPy): round trips, interop with the CPU engine, a whole mount.
+
+Marked ``gpu``: they run on the GPU machine (``benchmarks/gpu_setup.sh`` prepares it) and are
+skipped, with the reason shown, where CUDA, CuPy or nvCOMP is not usable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from nvfs.codec import Codec, CodecError, CpuEngine, ElementKind, Region, Transform, make_engine
+from nvfs.codec.planes import ITEM_SIZE
+from nvfs.store.chunk import HEADER, ChunkCorrupt, decode_chunk, encode_chunk
+
+pytestmark = pytest.mark.gpu
+KINDS = (ElementKind.BYTES, ElementKind.BF16, ElementKind.FP16, ElementKind.FP32, ElementKind.FP64)
+_DTYPE = {ElementKind.BF16: np.float32, ElementKind.FP16: np.float16, ElementKind.FP32: np.float32,
+          ElementKind.FP64: np.float64}
+
+
+def _engine(codec: str):
+    try:
+        return make_engine("gpu", 3, codec=codec)
+    except CodecError as exc:
+        pytest.skip(f"no usable GPU engine: {exc}")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    engine = _engine("zstd")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_ans():
+    engine = _engine("ans")
+    yield engine
+    engine.close()
+
+
+def float_bytes(kind: ElementKind, count: int, seed: int, scale: float = 0.02) -> bytes:
+    """Values shaped like weights: normal, some exact zeros, the odd NaN, Inf and subnormal."""
+    rng = np.random.default_rng(seed)
+    if kind == ElementKind.BYTES:
+        return rng.integers(0, 16, count, dtype=np.uint8).tobytes()
+    values = (rng.standard_normal(count) * scale).astype(_DTYPE[kind])
+    values[rng.random(count) < 0.05] = 0
+    values[:4] = [np.nan, np.inf, -np.inf, np.finfo(_DTYPE[kind]).tiny / 2]
+    if kind == ElementKind.BF16:  # the top half of each fp32 value is a bf16 value
+        return (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return values.tobytes()
+
+
+def mixed_chunk(seed: int) -> tuple[bytes, list[Region]]:
+    """Regions of every kind, of uneven lengths, plus random bytes and a run of zeros."""
+    parts, regions = [], []
+    for index, kind in enumerate(KINDS):
+        data = float_bytes(kind, 40_000 + 3 * index + seed, seed + index)
+        parts.append(data)
+        regions.append(Region(len(data), kind))
+    noise = np.random.default_rng(seed).bytes(70_001)
+    parts += [noise, bytes(200_000)]
+    regions += [Region(len(noise), ElementKind.BYTES), Region(200_000, ElementKind.FP32)]
+    return b"".join(parts), regions
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_round_trip_every_kind_both_engines_read_it(gpu, kind):
+    data = float_bytes(kind, (3 << 20) // ITEM_SIZE[kind] + 1, seed=kind)
+    regions = [Region(len(data) - len(data) % ITEM_SIZE[kind], kind)]
+    if len(data) % ITEM_SIZE[kind]:
+        regions.append(Region(len(data) % ITEM_SIZE[kind], ElementKind.BYTES))
+    encoded = gpu.encode(data, regions)
+    assert gpu.decode(encoded, len(data)) == data
+    assert CpuEngine().decode(encoded, len(data)) == data  # GPU-written chunks are portable
+
+
+def test_mixed_regions_interop_both_ways(gpu):
+    cpu = CpuEngine()
+    for seed in range(3):
+        data, regions = mixed_chunk(seed)
+        from_gpu, from_cpu = gpu.encode(data, regions), cpu.encode(data, regions)
+        assert from_gpu.transform == Transform.PLANES
+        assert cpu.decode(from_gpu, len(data)) == data
+        assert gpu.decode(from_cpu, len(data)) == data
+        assert gpu.decode(from_gpu, len(data)) == data
+
+
+def test_ratio_within_two_percent_of_cpu_engine(gpu):
+    cpu = CpuEngine()
+    for kind in (ElementKind.BF16, ElementKind.FP32):
+        data = float_bytes(kind, (4 << 20) // ITEM_SIZE[kind], seed=7)
+        regions = [Region(len(data), kind)]
+        gpu_size, cpu_size = len(gpu.encode(data, regions).payload), len(cpu.encode(data, regions).payload)
+        assert gpu_size <= 1.02 * cpu_size, f"{kind.name}: GPU {gpu_size} vs CPU {cpu_size} bytes"
+
+
+def test_detected_layout_and_incompressible_chunks(gpu):
+    weights = float_bytes(ElementKind.BF16, 2 << 20, seed=3)
+    encoded = gpu.encode(weights)  # no regions: detected, as the CPU engine does
+    assert encoded.transform == Transform.PLANES and len(encoded.payload) < 0.8 * len(weights)
+    noise = os.urandom(1 << 20)
+    stored = gpu.encode(noise, [Region(len(noise), ElementKind.BYTES)])
+    assert stored.codec == Codec.RAW and stored.payload == noise
+    assert gpu.decode(stored, len(noise)) == noise
+
+
+def test_concurrent_callers_are_batched_and_each_gets_its_own_chunk(gpu):
+    chunks = [mixed_chunk(seed) for seed in range(24)]
+    results: dict[int, bytes] = {}
+
+    def work(index: int) -> None:
+        data, regions = chunks[index]
+        results[index] = gpu.decode(gpu.encode(data, regions), len(data))
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(len(chunks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(results[index] == chunks[index][0] for index in range(len(chunks)))
+
+
+def test_damaged_chunk_is_refused_before_the_gpu_sees_it(gpu):
+    """A damaged chunk object fails its CRC check; the engine goes on decoding good chunks."""
+    good, regions = mixed_chunk(1)
+    blob, _ = encode_chunk(good, gpu, regions)
+    digest = hashlib.sha256(good).hexdigest()
+    damaged = bytearray(blob)
+    damaged[HEADER.size + 200 : HEADER.size + 264] = bytes(64)
+    with pytest.raises(ChunkCorrupt, match="CRC"):
+        decode_chunk(bytes(damaged), gpu, digest)
+    assert decode_chunk(blob, gpu, digest) == good
+
+
+def test_ans_round_trip_and_cpu_refuses_it_clearly(gpu_ans):
+    data, regions = mixed_chunk(5)
+    encoded = gpu_ans.encode(data, regions)
+    assert encoded.codec == Codec.ANS and encoded.name == "planes+ans"
+    assert gpu_ans.decode(encoded, len(data)) == data
+    with pytest.raises(CodecError, match="ANS.*GPU engine"):
+        CpuEngine().decode(encoded, len(data))
+
+
+def test_torch_save_and_load_of_gigabytes_through_a_gpu_mount(gpu, mount_factory):
+    """A multi-GB mixed-precision state dict through the mount with engine=gpu, read back exactly."""
+    torch = pytest.importorskip("torch")
+    generator = torch.Generator().manual_seed(0)
+    state = {}
+    for layer in range(12):  # 12 x (64 MiB bf16 + 3 x 128 MiB fp32) = 5.25 GiB
+        shape = (4096, 8192)
+        weight = torch.randn(shape, generator=generator) * 0.02
+        state[f"layer{layer}.weight"] = weight.to(torch.bfloat16)
+        state[f"layer{layer}.master"] = weight
+        state[f"layer{layer}.exp_avg"] = torch.randn(shape, generator=generator) * 1e-4
+        state[f"layer{layer}.exp_avg_sq"] = (torch.randn(shape, generator=generator) * 1e-4) ** 2
+    mount = mount_factory(options=("engine=gpu",))
+    mount.mount()
+    path = mount.path / "ckpt.pt"
+    torch.save(state, path)
+    assert os.getxattr(path, "user.nvfs.engine") == b"gpu"
+    stored = int(os.getxattr(path, "user.nvfs.stored_size"))
+    assert stored < 0.9 * path.stat().st_size
+    mount.remount()
+    loaded = torch.load(path, weights_only=True)
+    assert loaded.keys() == state.keys()
+    for name, tensor in state.items():
+        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+    mount.umount()
