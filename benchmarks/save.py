@@ -321,11 +321,13 @@ def bench_plain(state: dict[str, Any], directory: Path) -> Result:
     return result
 
 
-def bench_nvfs(state: dict[str, Any], work: Path, mount_options: str | None) -> Result:
+def bench_nvfs(state: dict[str, Any], work: Path, engine: str, mount_options: str | None) -> Result:
     """Save into a fresh nvfs mount (durable at close), unmount, remount, then a cold load."""
+    work = work / f"nvfs-{engine}"
     store, mnt, log_file = work / "store", work / "mnt", work / "nvfs.log"
-    store.mkdir()
-    mnt.mkdir()
+    for directory in (store, mnt):
+        directory.mkdir(parents=True)
+    mount_options = ",".join(filter(None, (f"engine={engine}", mount_options)))
     with nvfs_mounted(store, mnt, log_file, mount_options):
         path = mnt / "ckpt.pt"
         save_s = timed_save(state, path, fsync=False)
@@ -337,7 +339,7 @@ def bench_nvfs(state: dict[str, Any], work: Path, mount_options: str | None) -> 
     stored = tree_bytes(store)
     note = (f"committed at close: {committed}; xattr stored_size {xattr_stored}; "
             f"umount {umount_s:.2f}s")
-    result = Result("nvfs", logical, stored, save_s, note=note)
+    result = Result(f"nvfs {engine}", logical, stored, save_s, note=note)
     evict_tree(store)
     with nvfs_mounted(store, mnt, log_file, mount_options):
         result.load_s = timed_load(mnt / "ckpt.pt", state)
@@ -381,6 +383,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="parent of the benchmark's fresh temp dir (default /var/tmp)")
     parser.add_argument("--mount-options", default=None, help="extra nvfs -o options, e.g. level=1,threads=8")
+    parser.add_argument("--engines", default="auto",
+                        help="nvfs engines to compare, comma-separated (auto, cpu, gpu; default auto)")
     parser.add_argument("--hidden", type=int, default=None, help="hidden size (default: by size)")
     parser.add_argument("--adam-steps", type=int, default=3, help="AdamW steps to build optimizer state")
     parser.add_argument("--seed", type=int, default=0)
@@ -398,7 +402,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
           f"{shape.layers} layers, vocab {shape.vocab}, {args.adam_steps} AdamW steps, "
           f"{zero_row_fraction(state):.1%} embedding rows with all-zero Adam state; "
           f"built in {time.perf_counter() - started:.1f}s", flush=True)
-    rows = [bench_plain(state, work / "plain"), bench_nvfs(state, work, args.mount_options)]
+    rows = [bench_plain(state, work / "plain")]
+    rows += [bench_nvfs(state, work, engine, args.mount_options) for engine in args.engines.split(",")]
     print()
     print_table(rows)
     print(f"\ntotal runtime {time.perf_counter() - started:.1f}s")
@@ -414,15 +419,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args, work)
     except Exception:
-        log_file = work / "nvfs.log"
-        if log_file.exists():
+        for log_file in sorted(work.glob("nvfs-*/nvfs.log")):
             tail = log_file.read_text(errors="replace").splitlines()[-30:]
-            print("nvfs log (last 30 lines):\n" + "\n".join(tail), file=sys.stderr)
+            print(f"{log_file} (last 30 lines):\n" + "\n".join(tail), file=sys.stderr)
         raise
     finally:
         if args.keep:
             print(f"kept {work}")
-        elif not os.path.ismount(work / "mnt"):
+        elif not any(os.path.ismount(mountpoint) for mountpoint in work.glob("nvfs-*/mnt")):
             shutil.rmtree(work, ignore_errors=True)
     return 0
 

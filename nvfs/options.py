@@ -22,7 +22,7 @@ GENERIC_OPTIONS = frozenset({
 _SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)(i?[bB])?$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 LOG_LEVELS = ("debug", "info", "warning", "error")
-CODECS = ("zstd", "ans")
+CODECS = ("portable", "ans")
 MAX_GPU = 255  # highest CUDA device number accepted
 # Options whose value is a size in bytes, with their allowed range.
 _SIZE_OPTIONS = {
@@ -50,7 +50,7 @@ class MountOptions:
     fuse: set[str] = field(default_factory=set)
     engine: str = "auto"
     gpu: int = 0  # CUDA device of the GPU engine
-    codec: str = "zstd"  # entropy coder: zstd (portable) or ans (GPU-only format)
+    codec: str = "portable"  # chunk coding: portable (every engine reads it) or ans (GPU-only)
     level: int = 3
     log_file: str | None = None
     log_level: str = "info"

@@ -32,7 +32,7 @@ def _engine(codec: str):
 
 @pytest.fixture(scope="module")
 def gpu():
-    engine = _engine("zstd")
+    engine = _engine("portable")
     yield engine
     engine.close()
 

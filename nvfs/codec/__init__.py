@@ -19,19 +19,21 @@ __all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine
            "Transform", "make_engine"]
 
 
-def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "zstd") -> Engine:
-    """Build the engine a mount asked for (``-o engine=auto|gpu|cpu``, ``gpu=N``, ``codec=zstd|ans``).
+def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "portable") -> Engine:
+    """Build the engine a mount asked for (``-o engine=auto|gpu|cpu``, ``gpu=N``, ``codec=portable|ans``).
+
+    ``portable`` chunks are read by every engine; ``ans`` chunks (GPU-only, faster) by the GPU engine only.
 
     ``auto`` takes the GPU engine where CUDA, CuPy and nvCOMP are usable, else the CPU engine
     (and logs why); ``gpu`` insists and raises :class:`CodecError` saying what is missing.
     """
     if name not in ("auto", "gpu", "cpu"):
         raise CodecError(f"engine {name!r} is not known (use auto, gpu or cpu)")
-    if codec not in ("zstd", "ans"):
-        raise CodecError(f"codec {codec!r} is not known (use zstd or ans)")
+    if codec not in ("portable", "ans"):
+        raise CodecError(f"codec {codec!r} is not known (use portable or ans)")
     if name == "cpu":
         if codec == "ans":
-            raise CodecError("codec=ans needs the GPU engine: ANS has no CPU coder (use codec=zstd)")
+            raise CodecError("codec=ans needs the GPU engine: ANS has no CPU coder (use codec=portable)")
         return CpuEngine(level=level)
     try:
         from nvfs.codec.gpu import GpuEngine
