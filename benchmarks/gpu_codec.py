@@ -156,8 +156,8 @@ def bench_nvcomp(data: cp.ndarray, algorithm: str, label: str, kind: ElementKind
                  **options) -> Row:
     """nvCOMP on the raw bytes, 128 KiB chunks, one batch."""
     stream = cp.cuda.Stream(non_blocking=True)
-    codec = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW, cuda_stream=stream.ptr,
-                         **options)
+    codec = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW,
+                         uncomp_chunk_size=FRAME, **options)
     count = data.size // FRAME
     offsets, sizes = [i * FRAME for i in range(count)], [FRAME] * count
     capacity = codec.get_max_comp_buffer_size(nvcomp.as_array(data[:FRAME]))

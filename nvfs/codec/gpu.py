@@ -299,13 +299,13 @@ class GpuEngine:
         # nvCOMP runs on its own stream per coder; the arrays handed to it name ours, so it
         # waits for our kernels. (Passing our stream to the coder's constructor instead left
         # the CUDA context destroyed once such a coder was freed.)
-        raw = nvcomp.BitstreamKind.RAW
+        # uncomp_chunk_size: the largest frame each coder must handle (its default is 64 KiB).
+        common = {"bitstream_kind": nvcomp.BitstreamKind.RAW, "device_id": self.device,
+                  "uncomp_chunk_size": FRAME_SIZE}
         self._coders = {
-            Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", bitstream_kind=raw, device_id=self.device),
-            Codec.DEFLATE: nvcomp.Codec(algorithm="Deflate", bitstream_kind=raw, device_id=self.device,
-                                        algorithm_type=0),
-            Codec.ANS: nvcomp.Codec(algorithm="ANS", bitstream_kind=raw, device_id=self.device,
-                                    data_type="|u1"),
+            Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", **common),
+            Codec.DEFLATE: nvcomp.Codec(algorithm="Deflate", algorithm_type=0, **common),
+            Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", **common),
         }
         frame = nvcomp.as_array(cp.empty(FRAME_SIZE, dtype=cp.uint8))
         self._capacity = {codec: -(-coder.get_max_comp_buffer_size(frame) // _ALIGN) * _ALIGN
