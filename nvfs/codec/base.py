@@ -22,7 +22,6 @@ class Codec(IntEnum):
     ZSTD = 1  # one standard zstd frame
     ZSTD_FRAMES = 2  # planes only: standard zstd frames of a fixed decoded size, lengths in the table
     ANS = 3  # planes only: nvCOMP ANS frames (a GPU-only coder), laid out as ZSTD_FRAMES
-    DEFLATE = 4  # planes only: raw DEFLATE (RFC 1951) frames, laid out as ZSTD_FRAMES
 
 
 class Transform(IntEnum):

@@ -56,7 +56,6 @@ _SAMPLE = 4 << 10  # must match the CPU engine's raw-plane test (nvfs.codec.plan
 _RANDOM_BITS = 7.9
 _THREADS = 256
 _ALIGN = 256  # plane and frame alignment in device buffers (nvCOMP asks for at most this)
-_DEFLATE_SLOT = FRAME_SIZE + FRAME_SIZE // 4  # room nvCOMP's Deflate decoder gets per frame
 
 _KERNELS = r"""
 extern "C" {
@@ -148,7 +147,7 @@ class _Plane:
 
     offset: int
     length: int
-    codec: Codec  # the coder it gets if coding it pays
+    codec: Codec  # the coder of its frames, if coding it pays
     coded: bool = False
     first_frame: int = 0  # index of its first frame among the frames of its coder
     frames: int = 0
@@ -195,10 +194,7 @@ class GpuEngine:
         if codec not in ("portable", "ans"):
             raise CodecError(f"codec {codec!r} is not known (use portable or ans)")
         self.device = device
-        # Float planes: nvCOMP's entropy-only Deflate comes within 2% of the order-0 bound (its
-        # Zstd only within 25%); byte regions keep Zstd's matches. ANS: everything, GPU-only.
-        self.float_codec = Codec.ANS if codec == "ans" else Codec.DEFLATE
-        self.bytes_codec = Codec.ANS if codec == "ans" else Codec.ZSTD_FRAMES
+        self.codec = Codec.ANS if codec == "ans" else Codec.ZSTD_FRAMES
         self._cpu = CpuEngine(level)  # chunks without a transform, and layout detection
         self._detector = PlaneCoder(level)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -304,7 +300,6 @@ class GpuEngine:
                   "uncomp_chunk_size": FRAME_SIZE}
         self._coders = {
             Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", **common),
-            Codec.DEFLATE: nvcomp.Codec(algorithm="Deflate", algorithm_type=0, **common),
             Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", **common),
         }
         frame = nvcomp.as_array(cp.empty(FRAME_SIZE, dtype=cp.uint8))
@@ -329,7 +324,8 @@ class GpuEngine:
             if len(params[index]) + len(chunk_payload) >= len(data):
                 results.append(Encoded(Codec.RAW, Transform.NONE, b"", bytes(data)))
             else:
-                results.append(Encoded(self.float_codec, Transform.PLANES, params[index], chunk_payload))
+                chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
+                results.append(Encoded(chunk_codec, Transform.PLANES, params[index], chunk_payload))
         return results
 
     def encode_device(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]
@@ -349,8 +345,7 @@ class GpuEngine:
             return self._assemble(planes_buffer, planes, layout, frames, compressed)
 
     def _planes_of(self, layout: _Layout) -> list[_Plane]:
-        return [_Plane(placed.plane_start(index), placed.plane_length,
-                       self.bytes_codec if placed.kind == ElementKind.BYTES else self.float_codec)
+        return [_Plane(placed.plane_start(index), placed.plane_length, self.codec)
                 for chunk_regions in layout.regions for placed in chunk_regions
                 for index in range(ITEM_SIZE[placed.kind])]
 
@@ -532,29 +527,16 @@ class GpuEngine:
         """Decode frames (payload offset, stored length, plane buffer offset, size) in one nvCOMP call.
 
         Frames lie packed in the payload; they are first gathered at aligned offsets, as nvCOMP
-        wants its inputs aligned. nvCOMP's Deflate asks for more room than a frame decodes to
-        (up to ~0.2% more, seen on the H200) and may report that larger size: Deflate frames are
-        decoded into roomy slots and their first ``size`` bytes copied out (the store's SHA-256
-        checks the result).
+        wants its inputs aligned.
         """
         sources, lengths, targets, sizes = (list(column) for column in zip(*frames, strict=True))
         aligned = np.cumsum([0] + [-(-length // _ALIGN) * _ALIGN for length in lengths]).tolist()
         gathered = cp.empty(aligned[-1], dtype=cp.uint8)
         self._copy_segments(payload, gathered, list(zip(sources, aligned[:-1], lengths, strict=True)))
         sources_batch = nvcomp.as_arrays(gathered, aligned[:-1], lengths, self._stream.ptr)
-        if codec != Codec.DEFLATE:
-            targets_batch = nvcomp.as_arrays(planes_buffer, targets, sizes, self._stream.ptr)
-            if batch_sizes(self._coders[codec].decode(sources_batch, out=targets_batch)) != sizes:
-                raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
-            return
-        slot = _DEFLATE_SLOT
-        slots = cp.empty(len(sizes) * slot, dtype=cp.uint8)
-        starts = [index * slot for index in range(len(sizes))]
-        decoded = self._coders[codec].decode(
-            sources_batch, out=nvcomp.as_arrays(slots, starts, [slot] * len(sizes), self._stream.ptr))
-        if any(produced < size for produced, size in zip(batch_sizes(decoded), sizes, strict=True)):
-            raise CodecError("deflate frames decoded to fewer bytes than they hold (damaged chunk)")
-        self._copy_segments(slots, planes_buffer, list(zip(starts, targets, sizes, strict=True)))
+        targets_batch = nvcomp.as_arrays(planes_buffer, targets, sizes, self._stream.ptr)
+        if batch_sizes(self._coders[codec].decode(sources_batch, out=targets_batch)) != sizes:
+            raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
 
     def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:
         """Copy (source offset, target offset, length) segments in one kernel."""

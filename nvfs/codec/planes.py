@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
              ElementKind.FP64: 8}
 FRAME_SIZE = 128 << 10  # decoded bytes per frame of a framed plane: one zstd block, GPU-sized work
-FRAMED = (Codec.ZSTD_FRAMES, Codec.ANS, Codec.DEFLATE)
+FRAMED = (Codec.ZSTD_FRAMES, Codec.ANS)
 _COUNT = struct.Struct("<I")
 _REGION = struct.Struct("<BQ")
 _PLANE = struct.Struct("<BQ")
@@ -219,12 +218,11 @@ class PlaneCoder:
             return payload
         if plane.codec == Codec.ZSTD:
             return self._unzstd(payload, length)
-        if plane.codec in (Codec.ZSTD_FRAMES, Codec.DEFLATE):
-            decode = self._unzstd if plane.codec == Codec.ZSTD_FRAMES else _inflate
+        if plane.codec == Codec.ZSTD_FRAMES:
             parts, start = [], 0
             for index, stored in enumerate(plane.frame_lengths):
                 expected = min(plane.frame_size, length - index * plane.frame_size)
-                parts.append(decode(payload[start : start + stored], expected))
+                parts.append(self._unzstd(payload[start : start + stored], expected))
                 start += stored
             return b"".join(parts)
         if plane.codec == Codec.ANS:
@@ -240,18 +238,6 @@ class PlaneCoder:
         if len(data) != length:
             raise CodecError(f"zstd frame decoded to {len(data)} bytes, expected {length}")
         return data
-
-
-def _inflate(frame: memoryview, length: int) -> bytes:
-    """One raw DEFLATE stream (as the GPU engine writes them) that must decode to ``length`` bytes."""
-    inflater = zlib.decompressobj(wbits=-15)
-    try:
-        data = inflater.decompress(frame, length)
-    except zlib.error as exc:
-        raise CodecError(f"deflate frame is damaged: {exc}") from exc
-    if len(data) != length or not inflater.eof or inflater.unconsumed_tail:
-        raise CodecError(f"deflate frame does not decode to exactly {length} bytes")
-    return data
 
 
 def looks_random(plane: np.ndarray) -> bool:
