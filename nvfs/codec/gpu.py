@@ -292,12 +292,12 @@ class GpuEngine:
         self._merge = module.get_function("merge_planes")
         self._copy = module.get_function("copy_segments")
         self._histograms = module.get_function("sample_histograms")
-        # nvCOMP runs on its own stream per coder; the arrays handed to it name ours, so it
-        # waits for our kernels. (Passing our stream to the coder's constructor instead left
-        # the CUDA context destroyed once such a coder was freed.)
-        # uncomp_chunk_size: the largest frame each coder must handle (its default is 64 KiB).
+        # Every coder works on our stream, so its work is ordered with our kernels (the arrays'
+        # stream alone does not order nvCOMP's output before our next kernel). The coders are
+        # freed before the stream (see _dispatch). uncomp_chunk_size: the largest frame a coder
+        # handles (its default is 64 KiB).
         common = {"bitstream_kind": nvcomp.BitstreamKind.RAW, "device_id": self.device,
-                  "uncomp_chunk_size": FRAME_SIZE}
+                  "uncomp_chunk_size": FRAME_SIZE, "cuda_stream": self._stream.ptr}
         self._coders = {
             Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", **common),
             Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", **common),
