@@ -44,7 +44,7 @@ class DirectoryBackend(Backend):
             raise BackendError(f"invalid key {key!r}")
         return self.root / key
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, content_addressed: bool = False) -> bytes:
         try:
             with open(self._path(key), "rb") as f:
                 return f.read()

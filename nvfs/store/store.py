@@ -239,7 +239,7 @@ class Store:
     def get_chunk(self, ref: ChunkRef) -> bytes | bytearray:
         """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`."""
         try:
-            blob = self.backend.get(chunk_key(ref.id))
+            blob = self.backend.get(chunk_key(ref.id), content_addressed=True)
         except ObjectNotFound:
             raise ChunkCorrupt("chunk object is missing") from None
         except BackendError as exc:

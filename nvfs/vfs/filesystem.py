@@ -649,7 +649,12 @@ class Vfs:
 
     # ----- reading ------------------------------------------------------------------------
 
-    async def read(self, fh: int, offset: int, length: int) -> bytes:
+    async def read(self, fh: int, offset: int, length: int) -> bytes | memoryview:
+        """The file's bytes at ``offset``; zero-copy where one stored chunk holds them all.
+
+        A view into a decoded chunk is safe to hand out: cached chunks are never changed,
+        and the FUSE adapter copies the reply to the kernel before anything else runs.
+        """
         handle = self.handle(fh)
         node = handle.node
         content = self._ensure_content(node)
@@ -657,19 +662,21 @@ class Vfs:
         if offset >= end:
             return b""
         chunk = content.chunk_size
-        pieces = []
+        pieces: list[bytes | memoryview] = []
         position = offset
         while position < end:
             index, start = divmod(position, chunk)
             count = min(chunk - start, end - position)
             data = await self._slot_bytes(node, content, index)
-            piece = bytes(data[start : start + count])
-            if len(piece) < count:
-                piece += bytes(count - len(piece))
+            piece = memoryview(data)[start : start + count]
+            if index < len(content.slots) and data is content.slots[index].buffer:
+                piece = bytes(piece)  # a dirty buffer: later writes may change or resize it
             pieces.append(piece)
+            if len(piece) < count:
+                pieces.append(bytes(count - len(piece)))
             position += count
         self._read_ahead(handle, content, offset, end)
-        return b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _slot_bytes(self, node: Node, content: FileContent, index: int) -> bytes | bytearray:
         slot = content.slots[index] if index < len(content.slots) else Slot()
