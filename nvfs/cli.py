@@ -19,7 +19,7 @@ from nvfs.backend import BackendError, StagedBackend, open_backend
 from nvfs.codec import CodecError, make_engine
 from nvfs.daemon import default_log_file, run_in_background, serve, setup_logging
 from nvfs.options import OptionError, parse_options
-from nvfs.store import Store, StoreError
+from nvfs.store import ChunkFileCache, DiskCacheError, Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
 SHARED_METADATA_TTL = 5.0  # seconds until a file another mount committed is listed here
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"mount": cmd_mount, "umount": cmd_umount, "stat": cmd_stat}[args.command]
     try:
         return handler(args)
-    except (CliError, OptionError, BackendError, StoreError, CodecError) as exc:
+    except (CliError, OptionError, BackendError, StoreError, CodecError, DiskCacheError) as exc:
         print(f"nvfs {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -84,8 +84,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
     backend = open_backend(source, options.backend)
     if options.stage_dir:
         backend = StagedBackend(backend, os.path.abspath(options.stage_dir), options.stage_size)
+    disk_cache = None
+    if options.cache_dir:
+        disk_cache = ChunkFileCache(os.path.abspath(options.cache_dir), options.cache_dir_size)
     backend.lock()
-    store = Store.open(backend, engine, options.gc_grace)
+    store = Store.open(backend, engine, options.gc_grace, disk_cache)
     if backend.shared and options.vfs.metadata_ttl is None:
         options.vfs.metadata_ttl = SHARED_METADATA_TTL
     if args.foreground:
