@@ -550,7 +550,7 @@ class Vfs:
         if slot.buffer is not None:
             return slot.buffer
         if slot.frozen is not None:
-            base: bytes = slot.frozen
+            base: bytes | bytearray = slot.frozen
         elif slot.ref is not None and not (start == 0 and count >= slot.ref.length):
             base = await self._chunk_bytes(node, index, slot)
         else:
@@ -575,7 +575,7 @@ class Vfs:
         slot = content.slots[index]
         if slot.buffer is None:
             return
-        data = bytes(slot.buffer)
+        data = slot.buffer  # frozen from here on: a later write to the slot starts a new buffer
         slot.buffer, slot.frozen = None, data
         slot.version += 1
         content.dirty_slots.pop(index, None)
@@ -601,7 +601,7 @@ class Vfs:
                 return
 
     async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
-                      data: bytes, regions) -> None:
+                      data: bytearray, regions) -> None:
         def store_unless_failed():
             if content.error is not None:
                 return None  # an earlier chunk of this version failed: it will not be committed
