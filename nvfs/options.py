@@ -88,10 +88,13 @@ def parse_options(specs: list[str]) -> MountOptions:
 def _apply(options: MountOptions, name: str, value: str | None) -> None:
     if name in GENERIC_OPTIONS or name.startswith("x-") or name == "comment":
         return
-    if name in ("allow_other", "ro"):
+    if name in ("allow_other", "ro", "async_close"):
         if value is not None:
             raise OptionError(f"{name} takes no value")
-        options.fuse.add(name)
+        if name == "async_close":
+            options.vfs.async_close = True
+        else:
+            options.fuse.add(name)
         return
     if value is None:
         raise OptionError(f"unknown option {name!r}" if name not in _VALUED else f"{name} needs a value")
