@@ -770,7 +770,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--adam-steps", type=int, default=3, help="AdamW steps to build optimizer state")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (S3 data, logs)")
+    parser.add_argument("--parts", default="123", help="which parts to run (default 123)")
     args = parser.parse_args(argv)
+    if not set(args.parts) <= set("123"):
+        parser.error("--parts takes digits among 1, 2 and 3")
     if args.quick:
         args.size_mib, args.st_mib, args.rss_mib = 256, 64, 512
     return args
@@ -805,9 +808,12 @@ def main(argv: list[str] | None = None) -> int:
         server.create_bucket(BUCKET_NVFS)
         server.create_bucket(BUCKET_PLAIN)
         print(f"SeaweedFS up in {server.start_seconds:.1f} s at {server.endpoint_url}", flush=True)
-        part1(args, server, work, results, args.mount_options)
-        part2(args, server, work, results, args.mount_options)
-        part3(args, server, work, results, args.mount_options, bound)
+        if "1" in args.parts:
+            part1(args, server, work, results, args.mount_options)
+        if "2" in args.parts:
+            part2(args, server, work, results, args.mount_options)
+        if "3" in args.parts:
+            part3(args, server, work, results, args.mount_options, bound)
         print()
         print_table(results)
         print("\nacceptance:")

@@ -19,7 +19,7 @@ from nvfs.backend import Backend, BackendError, StagedBackend, open_backend
 from nvfs.codec import CodecError, make_engine
 from nvfs.daemon import default_log_file, run_in_background, serve, setup_logging
 from nvfs.options import MountOptions, OptionError, parse_options
-from nvfs.store import Store, StoreError
+from nvfs.store import ChunkFileCache, DiskCacheError, Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
 SHARED_METADATA_TTL = 5.0  # seconds until a file another mount committed is listed here
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"mount": cmd_mount, "umount": cmd_umount, "stat": cmd_stat}[args.command]
     try:
         return handler(args)
-    except (CliError, OptionError, BackendError, StoreError, CodecError) as exc:
+    except (CliError, OptionError, BackendError, StoreError, CodecError, DiskCacheError) as exc:
         print(f"nvfs {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -82,18 +82,22 @@ def cmd_mount(args: argparse.Namespace) -> int:
     backend = open_backend(source, options.backend)
     if options.stage_dir:
         backend = StagedBackend(backend, os.path.abspath(options.stage_dir), options.stage_size)
+    disk_cache = None
+    if options.cache_dir:
+        disk_cache = ChunkFileCache(os.path.abspath(options.cache_dir), options.cache_dir_size)
     backend.lock()
     if backend.shared and options.vfs.metadata_ttl is None:
         options.vfs.metadata_ttl = SHARED_METADATA_TTL
     if args.foreground:
         setup_logging(options.log_file, options.log_level)
-        return serve(open_store(backend, options), source, mountpoint, options, _report_foreground)
+        store = open_store(backend, options, disk_cache)
+        return serve(store, source, mountpoint, options, _report_foreground)
     log_file = options.log_file or default_log_file(mountpoint)
 
     def run(ready) -> int:
         setup_logging(log_file, options.log_level)
         try:
-            store = open_store(backend, options)
+            store = open_store(backend, options, disk_cache)
         except (BackendError, StoreError, CodecError) as exc:
             ready(str(exc))
             return 1
@@ -102,13 +106,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return run_in_background(run)
 
 
-def open_store(backend: Backend, options: MountOptions) -> Store:
+def open_store(backend: Backend, options: MountOptions, disk_cache: ChunkFileCache | None) -> Store:
     """The codec engine, then the store: a refused engine leaves the source as it was.
 
     Called in the daemon process, after the fork: a CUDA context does not survive ``fork``.
     """
     engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
-    return Store.open(backend, engine, options.gc_grace)
+    return Store.open(backend, engine, options.gc_grace, disk_cache)
 
 
 def _report_foreground(error: str | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -19,6 +20,59 @@ from nvfs.vfs import Vfs
 log = logging.getLogger(__name__)
 
 Ready = Callable[[str | None], None]
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt(3) parameters
+_MMAP_THRESHOLD = 64 << 20  # allocations below this come from the heap
+_HEAP_KEPT = 256 << 20  # free heap memory kept for reuse
+KERNEL_READAHEAD = 4 << 20  # bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb)
+
+
+def _mount_device(mountpoint: str) -> str | None:
+    """``major:minor`` of the filesystem mounted on ``mountpoint``, from /proc/self/mountinfo.
+
+    Read from the table, not by stat(2): the mount is ours and no request is served yet.
+    """
+    device = None
+    with open("/proc/self/mountinfo") as table:
+        for line in table:
+            fields = line.split()
+            if fields[4].encode().decode("unicode_escape") == mountpoint:
+                device = fields[2]  # the last one: mounts stack
+    return device
+
+
+def set_kernel_readahead(mountpoint: str, size: int) -> None:
+    """Let the kernel read ahead ``size`` bytes on this mount, in requests of up to 1 MiB.
+
+    The default (128 KiB) makes every sequential read a 128 KiB FUSE request, and each
+    costs the same Python work however large it is. A larger window also keeps several
+    requests in flight. Needs root (it is a sysfs knob of the mount's bdi).
+    """
+    device = _mount_device(mountpoint)
+    knob = f"/sys/class/bdi/{device}/read_ahead_kb"
+    try:
+        if device is None:
+            raise OSError(f"{mountpoint} is not in /proc/self/mountinfo")
+        with open(knob, "w") as f:
+            f.write(str(size >> 10))
+    except OSError as exc:
+        log.warning("kernel read-ahead stays at its default: cannot set %s: %s", knob, exc)
+        return
+    log.info("kernel read-ahead on %s: %d KiB", mountpoint, size >> 10)
+
+
+def keep_chunk_buffers_in_heap() -> None:
+    """Tell glibc's malloc to serve chunk-sized buffers from the heap and keep freed ones.
+
+    By default every 4 MiB buffer (a download, a decoded chunk, a plane) is a fresh mmap
+    whose pages the kernel faults in and zeroes, then an munmap: measured at 0.4 s of
+    system CPU per GB restored. Freed memory above ``_HEAP_KEPT`` still goes back.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        libc.mallopt(_M_TRIM_THRESHOLD, _HEAP_KEPT)
+    except (OSError, AttributeError):
+        log.debug("not glibc: malloc keeps its defaults")
 
 
 def default_log_file(mountpoint: str) -> str:
@@ -45,6 +99,7 @@ def setup_logging(log_file: str | None, level: str) -> None:
 
 def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:
     """Mount, report readiness, serve requests until unmounted or signalled; returns an exit code."""
+    keep_chunk_buffers_in_heap()
     store.backend.start_background()
     vfs = Vfs(store, options.vfs)
     fuse_options = set(pyfuse3.default_options) | {f"fsname={source}", "subtype=nvfs"} | options.fuse
@@ -55,6 +110,7 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
         return 1
     log.info("mounted %s on %s: engine %s (asked for %s), chunk size %d", source, mountpoint,
              store.engine.name, options.engine, options.vfs.chunk_size)
+    set_kernel_readahead(mountpoint, KERNEL_READAHEAD)
     ready(None)
     try:
         trio.run(_serve_until_unmounted, vfs)

@@ -58,6 +58,8 @@ class MountOptions:
     gc_grace: float | None = None
     stage_dir: str | None = None
     stage_size: int = 16 << 30
+    cache_dir: str | None = None
+    cache_dir_size: int = 8 << 30
 
 
 def _bounded(name: str, value: int, low: int, high: int) -> int:
@@ -86,10 +88,13 @@ def parse_options(specs: list[str]) -> MountOptions:
 def _apply(options: MountOptions, name: str, value: str | None) -> None:
     if name in GENERIC_OPTIONS or name.startswith("x-") or name == "comment":
         return
-    if name in ("allow_other", "ro"):
+    if name in ("allow_other", "ro", "async_close"):
         if value is not None:
             raise OptionError(f"{name} takes no value")
-        options.fuse.add(name)
+        if name == "async_close":
+            options.vfs.async_close = True
+        else:
+            options.fuse.add(name)
         return
     if value is None:
         raise OptionError(f"unknown option {name!r}" if name not in _VALUED else f"{name} needs a value")
@@ -119,6 +124,10 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         options.gc_grace = _seconds(name, value)
     elif name == "stage_dir":
         options.stage_dir = value
+    elif name == "cache_dir":
+        options.cache_dir = value
+    elif name == "cache_dir_size":
+        options.cache_dir_size = _bounded(name, _size(name, value), 64 << 20, 1 << 50)
     elif name == "stage_size":
         options.stage_size = _bounded(name, _size(name, value), 64 << 20, 1 << 50)
     elif name == "log_level":
@@ -132,7 +141,7 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
 _BACKEND_OPTIONS = frozenset({"endpoint_url", "region", "profile"})
 _VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | {
     "threads", "level", "engine", "gpu", "codec", "log_file", "log_level", "metadata_ttl", "gc_grace",
-    "stage_dir", "stage_size"}
+    "stage_dir", "stage_size", "cache_dir", "cache_dir_size"}
 
 
 def _size(name: str, text: str) -> int:

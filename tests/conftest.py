@@ -158,6 +158,15 @@ def seaweed(tmp_path_factory):
     server.close()
 
 
+@pytest.fixture
+def own_server(tmp_path):
+    """An S3 server of this test's own, so that it can be stopped or paused without disturbing others."""
+    server = SeaweedServer(tmp_path / "seaweed")
+    server.start()
+    yield server
+    server.close()
+
+
 @pytest.fixture(params=["dir", "s3"])
 def backend(request) -> str:
     """Run a test against both kinds of store: a local directory and S3."""

@@ -138,6 +138,21 @@ def test_engine_options_select_the_cpu_engine(mount_factory):
     assert "engine cpu" in mount.log()
 
 
+@pytest.mark.parametrize("kind", ["missing", "foreign"])
+def test_unusable_cache_dir_is_refused(mount_factory, tmp_path, kind):
+    """A cache directory is only ever one nvfs made: eviction deletes files in it."""
+    mount = mount_factory()
+    cache = tmp_path / "cache"
+    if kind == "foreign":
+        cache.mkdir()
+        (cache / "notes.txt").write_text("not a cache\n")
+    result = _mount_cli(mount, "-o", f"cache_dir={cache}")
+    _assert_error(result, str(cache))
+    assert not os.path.ismount(mount.mountpoint)
+    if kind == "foreign":
+        assert [p.name for p in cache.iterdir()] == ["notes.txt"]
+
+
 def test_second_mount_of_a_mounted_store_is_refused(mount_factory):
     first = mount_factory("first")
     first.mount()

@@ -6,19 +6,7 @@ import os
 import signal
 import subprocess
 
-import pytest
-
 from tests.conftest import Mount
-from tests.seaweed import SeaweedServer
-
-
-@pytest.fixture
-def own_server(tmp_path):
-    """An S3 server of this test's own, so that it can be stopped without disturbing others."""
-    server = SeaweedServer(tmp_path / "seaweed")
-    server.start()
-    yield server
-    server.close()
 
 
 def _staged_keys(stage) -> list[str]:

@@ -37,8 +37,13 @@ class Backend(ABC):
         """A short human-readable name (for logs and ``df``)."""
 
     @abstractmethod
-    def get(self, key: str) -> bytes:
-        """Return the whole object; raise :class:`ObjectNotFound` if it is absent."""
+    def get(self, key: str, *, content_addressed: bool = False) -> bytes:
+        """Return the whole object; raise :class:`ObjectNotFound` if it is absent.
+
+        ``content_addressed``: the key names a checksum of the content that the caller
+        verifies (chunks). Such an object never changes, so it may be served from a local
+        copy, and transport checksums add nothing to it.
+        """
 
     @abstractmethod
     def put(self, key: str, data: bytes, *, durable: bool) -> None:

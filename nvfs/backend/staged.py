@@ -150,11 +150,11 @@ class StagedBackend(Backend):
 
     # ----- reads ----------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, content_addressed: bool = False) -> bytes:
         try:
             return self.stage.get(key)
         except ObjectNotFound:
-            return self.remote.get(key)
+            return self.remote.get(key, content_addressed=content_addressed)
 
     def exists(self, key: str) -> bool:
         return self.stage.exists(key) or self.remote.exists(key)

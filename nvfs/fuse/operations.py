@@ -174,7 +174,7 @@ class Operations(pyfuse3.Operations):
 
     @_translated
     async def flush(self, fh):
-        await self.vfs.commit(self.vfs.handle(fh).node)
+        await self.vfs.flush(fh)
 
     @_translated
     async def fsync(self, fh, datasync):

@@ -100,7 +100,8 @@ def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes | bytea
     """Decode a chunk object and verify it is the chunk ``expected_id``."""
     header = parse_header(blob)
     params_end = HEADER.size + header.params_length
-    encoded = Encoded(header.codec, header.transform, blob[HEADER.size : params_end], blob[params_end:])
+    payload = memoryview(blob)[params_end:]  # a view, not a copy: the payload is most of the object
+    encoded = Encoded(header.codec, header.transform, blob[HEADER.size : params_end], payload)
     try:
         data = engine.decode(encoded, header.raw_length)
     except CodecError as exc:

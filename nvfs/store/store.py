@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import Engine, LayoutTracker, Region
 from nvfs.store.chunk import ChunkCorrupt, chunk_digest, decode_chunk, encode_chunk
+from nvfs.store.disk_cache import ChunkFileCache
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 
 log = logging.getLogger(__name__)
@@ -142,9 +143,10 @@ class Store:
     """Files, directories and symlinks of one nvfs store on one backend."""
 
     def __init__(self, backend: Backend, engine: Engine, superblock: dict,
-                 gc_grace: float | None = None) -> None:
+                 gc_grace: float | None = None, disk_cache: ChunkFileCache | None = None) -> None:
         self.backend = backend
         self.engine = engine
+        self.disk_cache = disk_cache
         self.superblock = superblock
         # On a shared backend another mount may be about to name a chunk that no manifest
         # names yet: only chunks older than the grace period are collected there.
@@ -158,7 +160,8 @@ class Store:
         self._manifests: dict[str, tuple[str, Manifest]] = {}  # key -> (version, manifest) last listed
 
     @classmethod
-    def open(cls, backend: Backend, engine: Engine, gc_grace: float | None = None) -> Store:
+    def open(cls, backend: Backend, engine: Engine, gc_grace: float | None = None,
+             disk_cache: ChunkFileCache | None = None) -> Store:
         """Open the store on ``backend``, creating it if the backend is empty."""
         try:
             superblock = json.loads(backend.get(SUPERBLOCK_KEY))
@@ -176,7 +179,7 @@ class Store:
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
         backend.discard_incomplete()
-        return cls(backend, engine, superblock, gc_grace)
+        return cls(backend, engine, superblock, gc_grace, disk_cache)
 
     @staticmethod
     def _initialise(backend: Backend) -> dict:
@@ -237,13 +240,32 @@ class Store:
         return not self.backend.shared or time.time() - stored_at < self.gc_grace / 2
 
     def get_chunk(self, ref: ChunkRef) -> bytes | bytearray:
-        """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`."""
+        """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`.
+
+        With a disk cache, a cached copy is used if it verifies; one that does not is
+        discarded and the chunk fetched again. Only verified objects are cached.
+        """
+        if self.disk_cache is not None:
+            blob = self.disk_cache.get(ref.id)
+            if blob is not None:
+                try:
+                    return self._decode(blob, ref)
+                except ChunkCorrupt as exc:
+                    log.warning("disk cache: copy of chunk %s is damaged (%s): fetching it again",
+                                ref.id, exc)
+                    self.disk_cache.discard(ref.id)
         try:
-            blob = self.backend.get(chunk_key(ref.id))
+            blob = self.backend.get(chunk_key(ref.id), content_addressed=True)
         except ObjectNotFound:
             raise ChunkCorrupt("chunk object is missing") from None
         except BackendError as exc:
             raise ChunkUnreadable(str(exc)) from exc
+        data = self._decode(blob, ref)
+        if self.disk_cache is not None:
+            self.disk_cache.put(ref.id, blob)
+        return data
+
+    def _decode(self, blob: bytes, ref: ChunkRef) -> bytes | bytearray:
         data = decode_chunk(blob, self.engine, ref.id)
         if len(data) != ref.length:
             raise ChunkCorrupt(f"chunk holds {len(data)} bytes, manifest says {ref.length}")

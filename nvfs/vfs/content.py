@@ -22,7 +22,7 @@ class Slot:
     def __init__(self, ref: ChunkRef | None = None) -> None:
         self.ref = ref
         self.buffer: bytearray | None = None
-        self.frozen: bytes | None = None
+        self.frozen: bytearray | None = None  # a former buffer, never changed again
         self.version = 0  # bumped whenever an upload in flight becomes stale
 
 

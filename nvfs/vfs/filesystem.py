@@ -53,6 +53,8 @@ class VfsConfig:
     # Seconds a directory listing is trusted before the store is listed again, so that
     # files other mounts commit show up; None where this mount is the store's only user.
     metadata_ttl: float | None = None
+    # close returns before the file is committed (fsync and unmount still wait for it).
+    async_close: bool = False
 
 
 @dataclass
@@ -88,6 +90,9 @@ class Vfs:
         self._uploads = 0  # chunk uploads running, of every file, released ones included
         self._uploads_idle = trio.Event()
         self._uploads_idle.set()
+        self._background_commits = 0  # of every file
+        self._background_commits_idle = trio.Event()
+        self._background_commits_idle.set()
         self._gc_wanted = trio.Event()
         self._gc_requested = 0  # requests made; a pass serves every request made before it began
         self._gc_served = 0
@@ -104,6 +109,7 @@ class Vfs:
 
     async def shutdown(self) -> None:
         """Commit whatever is still uncommitted (files left open at unmount) and drain."""
+        await self._background_commits_idle.wait()
         for node in list(self._nodes.values()):
             if node.needs_commit():
                 try:
@@ -441,6 +447,14 @@ class Vfs:
         parent.mtime_ns = parent.ctime_ns = now
         return self._open_handle(node, writable=True), node
 
+    async def flush(self, fh: int) -> None:
+        """close(2): commit the file, or with ``async_close`` start committing it and return."""
+        node = self.handle(fh).node
+        if self.config.async_close:
+            self._commit_in_background(node)
+        else:
+            await self.commit(node)
+
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
         if handle is None:
@@ -448,13 +462,45 @@ class Vfs:
         node = handle.node
         node.open_count -= 1
         if node.open_count == 0 and node.needs_commit():
+            if self.config.async_close:
+                self._commit_in_background(node)
+                return  # the commit lets go of the contents when it is done
             try:
                 await self.commit(node)
             except VfsError as exc:
                 log.error("%s: uncommitted data could not be stored: %s", node.display_path(), exc)
-        if node.open_count == 0 and node.content is not None and node.content.error is not None:
+        self._let_go(node)
+
+    def _let_go(self, node: Node) -> None:
+        """The last handle is closed and no commit is running: drop the file's contents."""
+        if node.open_count or node.background_commits:
+            return
+        if node.content is not None and node.content.error is not None:
             self._discard_failed_changes(node)
         self._release_content(node)
+
+    def _commit_in_background(self, node: Node) -> None:
+        if not node.needs_commit():
+            return
+        assert self._nursery is not None
+        node.background_commits += 1
+        if self._background_commits == 0:
+            self._background_commits_idle = trio.Event()
+        self._background_commits += 1
+        self._nursery.start_soon(self._background_commit, node)
+
+    async def _background_commit(self, node: Node) -> None:
+        """A commit nobody waits for: a failure can only be logged (the file keeps its old version)."""
+        try:
+            await self.commit(node)
+        except VfsError as exc:
+            log.error("%s: closed, but storing it failed: %s", node.display_path(), exc)
+        finally:
+            node.background_commits -= 1
+            self._background_commits -= 1
+            if self._background_commits == 0:
+                self._background_commits_idle.set()
+        self._let_go(node)
 
     def _discard_failed_changes(self, node: Node) -> None:
         """The store failed this file's data and its last writer is gone: fall back.
@@ -550,7 +596,7 @@ class Vfs:
         if slot.buffer is not None:
             return slot.buffer
         if slot.frozen is not None:
-            base: bytes = slot.frozen
+            base: bytes | bytearray = slot.frozen
         elif slot.ref is not None and not (start == 0 and count >= slot.ref.length):
             base = await self._chunk_bytes(node, index, slot)
         else:
@@ -575,7 +621,7 @@ class Vfs:
         slot = content.slots[index]
         if slot.buffer is None:
             return
-        data = bytes(slot.buffer)
+        data = slot.buffer  # frozen from here on: a later write to the slot starts a new buffer
         slot.buffer, slot.frozen = None, data
         slot.version += 1
         content.dirty_slots.pop(index, None)
@@ -601,7 +647,7 @@ class Vfs:
                 return
 
     async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
-                      data: bytes, regions) -> None:
+                      data: bytearray, regions) -> None:
         def store_unless_failed():
             if content.error is not None:
                 return None  # an earlier chunk of this version failed: it will not be committed
@@ -649,7 +695,12 @@ class Vfs:
 
     # ----- reading ------------------------------------------------------------------------
 
-    async def read(self, fh: int, offset: int, length: int) -> bytes:
+    async def read(self, fh: int, offset: int, length: int) -> bytes | memoryview:
+        """The file's bytes at ``offset``; zero-copy where one stored chunk holds them all.
+
+        A view into a decoded chunk is safe to hand out: cached chunks are never changed,
+        and the FUSE adapter copies the reply to the kernel before anything else runs.
+        """
         handle = self.handle(fh)
         node = handle.node
         content = self._ensure_content(node)
@@ -657,19 +708,21 @@ class Vfs:
         if offset >= end:
             return b""
         chunk = content.chunk_size
-        pieces = []
+        pieces: list[bytes | memoryview] = []
         position = offset
         while position < end:
             index, start = divmod(position, chunk)
             count = min(chunk - start, end - position)
             data = await self._slot_bytes(node, content, index)
-            piece = bytes(data[start : start + count])
-            if len(piece) < count:
-                piece += bytes(count - len(piece))
+            piece = memoryview(data)[start : start + count]
+            if index < len(content.slots) and data is content.slots[index].buffer:
+                piece = bytes(piece)  # a dirty buffer: later writes may change or resize it
             pieces.append(piece)
+            if len(piece) < count:
+                pieces.append(bytes(count - len(piece)))
             position += count
         self._read_ahead(handle, content, offset, end)
-        return b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _slot_bytes(self, node: Node, content: FileContent, index: int) -> bytes | bytearray:
         slot = content.slots[index] if index < len(content.slots) else Slot()

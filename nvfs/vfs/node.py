@@ -52,6 +52,7 @@ class Node:
         self.open_count = 0
         self.unlinked = False
         self.meta_dirty = False
+        self.background_commits = 0  # commits that async_close left running
         self.lock = trio.Lock()
         self.listed_at = 0.0  # directories: when the store was last listed (trio clock)
         self.changed_at = 0.0  # last local create, commit or rename (trio clock)
