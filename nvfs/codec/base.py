@@ -61,6 +61,9 @@ class Engine(Protocol):
     """Compresses and decompresses chunk payloads. Implementations must be thread-safe."""
 
     name: str
+    # Whether decode() reports damaged payloads as CodecError (the CPU decoders do); if not,
+    # the store checks the chunk's CRC before handing it over.
+    rejects_damaged_input: bool
 
     def encode(self, data: bytes, regions: Sequence[Region] | None = None) -> Encoded:
         """Encode ``data``; ``regions`` (covering it exactly) say what the bytes hold, if known.

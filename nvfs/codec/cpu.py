@@ -17,6 +17,7 @@ class CpuEngine:
     """zstd on the CPU, with floats split into byte planes first where that pays."""
 
     name = "cpu"
+    rejects_damaged_input = True
 
     def __init__(self, level: int = 3) -> None:
         self.level = level

@@ -189,6 +189,7 @@ class GpuEngine:
     """
 
     name = "gpu"
+    rejects_damaged_input = False
 
     def __init__(self, level: int = 3, device: int = 0, codec: str = "portable") -> None:
         if codec not in ("portable", "ans"):

@@ -42,6 +42,8 @@ class ChunkHeader:
     payload_length: int
     params_length: int
     digest: bytes
+    version: int
+    crc: int
 
 
 def chunk_digest(data: bytes) -> bytes:
@@ -72,12 +74,7 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
 
 
 def parse_header(blob: bytes) -> ChunkHeader:
-    """Read and check the header of a chunk object, and the CRC of the rest (version 2 on).
-
-    The CRC catches damaged stored bytes before any decoder sees them: a GPU decoder may fault
-    on a damaged zstd frame instead of reporting it, while the SHA-256 can only be checked after
-    decoding.
-    """
+    """Read and check the header of a chunk object."""
     if len(blob) < HEADER.size:
         raise ChunkCorrupt(f"object is {len(blob)} bytes, shorter than a chunk header")
     magic, version, codec, transform, engine_id, raw, payload, params, crc, digest = HEADER.unpack_from(blob)
@@ -91,14 +88,17 @@ def parse_header(blob: bytes) -> ChunkHeader:
         raise ChunkCorrupt(f"unknown codec {codec} or transform {transform}") from exc
     if HEADER.size + params + payload != len(blob):
         raise ChunkCorrupt(f"lengths in header ({params}+{payload}) do not match object size {len(blob)}")
-    if version >= 2 and zlib.crc32(memoryview(blob)[HEADER.size :]) != crc:
-        raise ChunkCorrupt("CRC mismatch: the stored bytes are damaged")
-    return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest)
+    return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest, version, crc)
 
 
 def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes | bytearray:
     """Decode a chunk object and verify it is the chunk ``expected_id``."""
     header = parse_header(blob)
+    # The SHA-256 can only be checked after decoding; an engine whose decoder may fault on
+    # damaged input (the GPU's) gets only bytes that passed the CRC.
+    unguarded = not engine.rejects_damaged_input and header.version >= 2
+    if unguarded and zlib.crc32(memoryview(blob)[HEADER.size :]) != header.crc:
+        raise ChunkCorrupt("CRC mismatch: the stored bytes are damaged")
     params_end = HEADER.size + header.params_length
     payload = memoryview(blob)[params_end:]  # a view, not a copy: the payload is most of the object
     encoded = Encoded(header.codec, header.transform, blob[HEADER.size : params_end], payload)
