@@ -96,8 +96,8 @@ def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes | bytea
     header = parse_header(blob)
     # The SHA-256 can only be checked after decoding; an engine whose decoder may fault on
     # damaged input (the GPU's) gets only bytes that passed the CRC.
-    unguarded = not engine.rejects_damaged_input and header.version >= 2
-    if unguarded and zlib.crc32(memoryview(blob)[HEADER.size :]) != header.crc:
+    check_crc = not engine.rejects_damaged_input and header.version >= 2
+    if check_crc and zlib.crc32(memoryview(blob)[HEADER.size :]) != header.crc:
         raise ChunkCorrupt("CRC mismatch: the stored bytes are damaged")
     params_end = HEADER.size + header.params_length
     payload = memoryview(blob)[params_end:]  # a view, not a copy: the payload is most of the object
