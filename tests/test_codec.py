@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import struct
 
@@ -194,3 +195,20 @@ def test_cpu_engine_refuses_ans_planes_clearly():
         else:
             with pytest.raises(CodecError, match="ANS.*GPU engine"):
                 CpuEngine().decode(encoded, len(plane))
+
+
+def test_chunk_crc_guards_engines_that_cannot_reject_damage():
+    """Engines whose decoders may fault on damaged bytes (the GPU's) only see CRC-checked chunks."""
+
+    class CpuEngineTrustingItsInput(CpuEngine):
+        rejects_damaged_input = False
+
+    data = np.random.default_rng(3).standard_normal(1 << 18).astype(np.float32).tobytes()
+    engine = CpuEngineTrustingItsInput()
+    blob, _ = encode_chunk(data, engine, [Region(len(data), ElementKind.FP32)])
+    digest = hashlib.sha256(data).hexdigest()
+    assert decode_chunk(blob, engine, digest) == data
+    damaged = bytearray(blob)
+    damaged[-100] ^= 0x40
+    with pytest.raises(ChunkCorrupt, match="CRC"):
+        decode_chunk(bytes(damaged), engine, digest)
