@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import struct
 
 import numpy as np
@@ -12,7 +13,17 @@ import zstandard as zstd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nvfs.codec import Codec, CodecError, CpuEngine, ElementKind, Encoded, LayoutTracker, Region, Transform
+from nvfs.codec import (
+    Codec,
+    CodecError,
+    CpuEngine,
+    ElementKind,
+    Encoded,
+    LayoutTracker,
+    Region,
+    Transform,
+    make_engine,
+)
 from nvfs.codec.planes import FRAME_SIZE, ITEM_SIZE, PlaneEntry, RegionEntry, pack_params
 from nvfs.store.chunk import ChunkCorrupt, decode_chunk, encode_chunk
 
@@ -212,3 +223,15 @@ def test_chunk_crc_guards_engines_that_cannot_reject_damage():
     damaged[-100] ^= 0x40
     with pytest.raises(ChunkCorrupt, match="CRC"):
         decode_chunk(bytes(damaged), engine, digest)
+
+
+def test_engine_auto_falls_back_to_the_cpu_with_a_reason(caplog):
+    """Without CUDA, CuPy or nvCOMP, engine=auto is the CPU engine and the log says why."""
+    caplog.set_level(logging.INFO, logger="nvfs.codec")
+    engine = make_engine("auto", 3)
+    if engine.name == "gpu":
+        pytest.skip("this machine has a usable GPU engine")
+    assert isinstance(engine, CpuEngine)
+    assert any("using the CPU engine (" in record.getMessage() for record in caplog.records)
+    with pytest.raises(CodecError, match="engine=gpu"):
+        make_engine("gpu", 3)
