@@ -196,7 +196,7 @@ class GpuEngine:
             raise CodecError(f"codec {codec!r} is not known (use portable or ans)")
         self.device = device
         self.codec = Codec.ANS if codec == "ans" else Codec.ZSTD_FRAMES
-        self._cpu = CpuEngine(level)  # chunks without a transform, and layout detection
+        self._cpu = CpuEngine(level)  # decodes chunks without a transform (whole-chunk zstd or raw)
         self._detector = PlaneCoder(level)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         started: Future = Future()
