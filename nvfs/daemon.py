@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 import pyfuse3
@@ -95,6 +96,13 @@ def setup_logging(log_file: str | None, level: str) -> None:
     root.setLevel(level.upper())
     for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):  # request dumps, even at debug
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    threading.excepthook = _log_thread_failure
+
+
+def _log_thread_failure(args: threading.ExceptHookArgs) -> None:
+    """A background thread died of a bug: say so in the log (a daemon's stderr goes nowhere)."""
+    thread = args.thread.name if args.thread is not None else "?"
+    log.critical("thread %s failed", thread, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:

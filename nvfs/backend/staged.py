@@ -53,8 +53,8 @@ class StagedBackend(Backend):
         self._staged_bytes = 0
         self._failures = 0
         self._closing = False
-        self._threads = [threading.Thread(target=self._drain, name=f"nvfs-upload-{n}", daemon=True)
-                         for n in range(uploaders)]
+        self._uploaders = uploaders
+        self._threads: list[threading.Thread] = []
 
     def _claim(self, root: Path) -> None:
         """A stage belongs to one store: refuse one that holds another store's objects."""
@@ -78,6 +78,10 @@ class StagedBackend(Backend):
         self._resume()
 
     def start_background(self) -> None:
+        # Made here, in the daemon: a Thread object made before the fork to the background
+        # and started after it reports is_alive() False, and close() would not wait for it.
+        self._threads = [threading.Thread(target=self._drain, name=f"nvfs-upload-{n}", daemon=True)
+                         for n in range(self._uploaders)]
         for thread in self._threads:
             thread.start()
 
@@ -241,7 +245,6 @@ class StagedBackend(Backend):
                          self._staged_bytes)
             self._cond.notify_all()
         for thread in self._threads:
-            if thread.is_alive():
-                thread.join()
+            thread.join()
         self.stage.close()
         self.remote.close()
