@@ -1,4 +1,4 @@
-"""Time ``torch.save`` of a ~2 GiB mixed-precision checkpoint into five targets, in one run.
+"""Time ``torch.save`` of a ~2 GiB mixed-precision checkpoint into seven targets, in one run.
 
 Why this benchmark: nvfs must make a checkpoint save cheaper in bytes without making it slower,
 and it is a Python FUSE filesystem, so the honest questions are (a) how it compares with a
@@ -18,14 +18,22 @@ its memory stays within the bound its options promise. Targets, each in a fresh,
    cache go is moved into the benchmark's temp dir, and the usage report is off). Durable at
    ``close`` (no ``--writeback``). Stored bytes = the bucket directory after unmount.
 4. ``nvfs dir``: nvfs on a backing directory, default options (plus ``--nvfs-options``).
-5. ``nvfs S3``: nvfs on ``s3://bucket/store`` of a local SeaweedFS server this script starts
+5. ``nvfs async``: the same with ``-o async_close``: close returns before the commit; the file
+   is then fsync'ed, which returns once it is durable.
+6. ``nvfs S3``: nvfs on ``s3://bucket/store`` of a local SeaweedFS server this script starts
    (``tests/seaweed.py``); stored bytes = sum of the bucket's object sizes (boto3 listing).
+7. ``nvfs stage``: nvfs S3 with ``-o stage_dir=`` on the local disk: close returns once the
+   data is durable in the stage; the unmount waits until the stage has drained to S3.
 
 Timed: ``torch.save(state, path)`` including its ``close`` (FUSE flush), plus the ``fsync``
-for the plain directory. Untimed afterwards: unmount (its seconds are shown), stored bytes in
-the backing store, and a check of the data: each FUSE store (JuiceFS, nvfs) is mounted again
-and the file read back through it must have the SHA-256 of the plain ``torch.save`` bytes;
-the null filesystem must have received exactly that many bytes.
+for the plain directory. "durable s" is the time until the data is on disk (or in S3): the
+same for the plain directory and nvfs (close is durable; for ``nvfs stage``, durable in the
+local stage), save + ``syncfs`` of the bucket directory's filesystem for JuiceFS (its file
+store does not fsync blocks), save + ``fsync`` for ``nvfs async``. Untimed afterwards:
+unmount (its seconds are shown), stored bytes in the backing store, and a check of the data:
+each FUSE store (JuiceFS, nvfs) is mounted again and the file read back through it must have
+the SHA-256 of the plain ``torch.save`` bytes; the null filesystem must have received exactly
+that many bytes.
 
 Peak daemon RSS: VmRSS of the FUSE serving process, sampled every 0.2 s from
 ``/proc/PID/status`` in a thread, from mount until the process exits after unmount (VmHWM,
@@ -39,7 +47,7 @@ with all-zero optimizer rows for embedding tokens never seen.
 Run as root (FUSE)::
 
     python3 benchmarks/write.py --quick                 # 256 MiB smoke run
-    python3 benchmarks/write.py                         # 2 GiB, all five targets
+    python3 benchmarks/write.py                         # 2 GiB, all seven targets
     python3 benchmarks/write.py --targets plain,nvfs-dir --nvfs-options max_inflight=512M
 
 Exit status: 0 when every acceptance check passes (or cannot be made), 3 when one fails, 1 when a
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
 import io
 import json
@@ -87,6 +96,7 @@ from benchmarks.common import (  # noqa: E402
     sha256_file,
 )
 
+_libc = ctypes.CDLL(None, use_errno=True)
 NULLFS_STATS = b"user.nullfs.stats"
 HEADROOM = 256 * MIB  # the RSS bound is max_inflight + this
 RSS_INTERVAL = 0.2
@@ -94,11 +104,12 @@ FILE_NAME = "ckpt.pt"  # the same name everywhere: torch.save puts it into the a
 BUCKET = "bench-write"
 PREFIX = "store"
 PROBE_BYTES = 512 * MIB  # at most this much of the checkpoint goes through the engine probe
-TARGETS = ("plain", "nullfs", "juicefs", "nvfs-dir", "nvfs-s3")
+TARGETS = ("plain", "nullfs", "juicefs", "nvfs-dir", "nvfs-async", "nvfs-s3", "nvfs-stage")
 LABELS = {"plain": "plain dir", "nullfs": "null FUSE", "juicefs": "JuiceFS", "nvfs-dir": "nvfs dir",
-          "nvfs-s3": "nvfs S3"}
+          "nvfs-async": "nvfs async", "nvfs-s3": "nvfs S3", "nvfs-stage": "nvfs stage"}
 THROUGHPUT_VS_JUICEFS = 1.0
 THROUGHPUT_VS_NULL = 0.6
+STAGE_VS_PLAIN = 1.3  # torch.save into a staged mount returns within this multiple of the plain dir's time
 
 
 # ----- the null filesystem (runs in its own process: --serve-nullfs MOUNTPOINT) -------------------
@@ -468,6 +479,7 @@ class Row:
     rss_peak: int | None = None  # sampled VmRSS peak, bytes
     rss_hwm: int | None = None  # VmHWM just before unmount
     umount_s: float = math.nan
+    durable_s: float = math.nan  # from the start of the save until the data is on disk (or in S3)
     verified: str = "-"
     notes: list[str] = field(default_factory=list)
     error: str | None = None
@@ -493,6 +505,29 @@ def timed_save(state: dict[str, Any], path: Path, fsync: bool, row: Row) -> floa
     elapsed = plain_timed_save(state, path, fsync)
     row.notes.append(f"writer (torch.save) CPU {time.thread_time() - cpu0:.1f} s")
     return elapsed
+
+
+def timed_fsync(path: Path) -> float:
+    """Seconds an ``fsync`` of ``path`` takes (on a fresh descriptor)."""
+    start = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+def timed_syncfs(directory: Path) -> float:
+    """Seconds a ``syncfs(2)`` of the filesystem holding ``directory`` takes."""
+    start = time.perf_counter()
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), f"syncfs({directory}) failed")
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
 
 
 def guarded_save(ctx: Context, row: Row, path: Path, pids: list[int]) -> float:
@@ -552,9 +587,12 @@ def bench_plain(ctx: Context, row: Row) -> None:
     place = ctx.work / "plain"
     place.mkdir()
     path = place / FILE_NAME
-    row.seconds = timed_save(ctx.state, path, fsync=True, row=row)
+    save_s = timed_save(ctx.state, path, fsync=False, row=row)
+    fsync_s = timed_fsync(path)
+    row.seconds = row.durable_s = save_s + fsync_s
     row.logical = row.stored = path.stat().st_size
-    row.notes.append("torch.save + os.fsync (the FUSE targets are durable at close; fsync makes it fair)")
+    row.notes.append(f"torch.save {save_s:.2f} s + os.fsync {fsync_s:.2f} s (nvfs is durable at close; the "
+                     f"fsync makes it fair)")
     ctx.reference_size = row.logical
     ctx.reference_sha = sha256_file(path)
     row.verified = "reference"
@@ -674,6 +712,7 @@ def bench_juicefs(ctx: Context, row: Row) -> None:
         supervisor = RssSampler(jfs.ppid) if jfs.ppid else None
         cpu0 = cpu_seconds(pid)
         row.seconds = guarded_save(ctx, row, mnt / FILE_NAME, [p for p in (jfs.ppid, pid) if p])
+        row.durable_s = row.seconds + timed_syncfs(bucket)
         cpu = cpu_seconds(pid) - cpu0
         row.logical = (mnt / FILE_NAME).stat().st_size
         row.rss_hwm = proc_status(pid, "VmHWM")
@@ -682,6 +721,8 @@ def bench_juicefs(ctx: Context, row: Row) -> None:
         sup_peak = supervisor.stop() if supervisor else None
         row.stored = tree_bytes(bucket)
         meta_bytes = sum(p.stat().st_size for p in place.glob("meta.db*"))
+        row.notes.append("durable: save + syncfs of the bucket's filesystem (its file store writes each "
+                         "block to a temp file and renames it without fsync: pkg/object/file.go at 00cad9f)")
         row.notes.append(f"defaults: block 4 MiB, zstd, sqlite3 metadata "
                          f"({human(meta_bytes)} besides the bucket), local cache "
                          f"{human(tree_bytes(place / 'cache'))} (not counted); daemon CPU {cpu:.1f} s; "
@@ -727,17 +768,28 @@ class NvfsMount:
 
 
 def bench_nvfs(ctx: Context, row: Row, source: str, place: Path, stored: Callable[[], tuple[int, str]],
-               env: dict[str, str] | None = None, other_pid: int | None = None) -> None:
-    """Save into a fresh nvfs mount, unmount, count stored bytes, then read back through a new mount."""
+               env: dict[str, str] | None = None, other_pid: int | None = None,
+               extra_options: str = "") -> None:
+    """Save into a fresh nvfs mount, unmount, count stored bytes, then read back through a new mount.
+
+    With ``async_close`` among ``extra_options`` the file is fsync'ed after the save: the
+    data is durable when that returns.
+    """
     mnt = place / "mnt"
     mnt.mkdir(parents=True)
-    mount = NvfsMount(source, mnt, place / "nvfs.log", ctx.nvfs_options, env)
+    options = ",".join(filter(None, (ctx.nvfs_options, extra_options)))
+    mount = NvfsMount(source, mnt, place / "nvfs.log", options, env)
     try:
         pid = mount.mount()
         sampler = RssSampler(pid)
         cpu0, other0 = cpu_seconds(pid), cpu_seconds(other_pid)
         path = mnt / FILE_NAME
         row.seconds = guarded_save(ctx, row, path, [pid])
+        if "async_close" in extra_options:
+            row.durable_s = row.seconds + timed_fsync(path)
+            row.notes.append(f"durable: save + fsync, {row.durable_s:.2f} s")
+        else:
+            row.durable_s = row.seconds
         cpu, other_cpu = cpu_seconds(pid) - cpu0, cpu_seconds(other_pid) - other0
         row.logical = path.stat().st_size
         committed = os.getxattr(path, XATTR + "committed").decode()
@@ -753,7 +805,7 @@ def bench_nvfs(ctx: Context, row: Row, source: str, place: Path, stored: Callabl
             note += f", weed CPU {other_cpu:.1f} s"
         row.notes.append(note)
         if committed != "yes":
-            row.error = f"user.nvfs.committed is {committed!r} right after close"
+            row.error = f"user.nvfs.committed is {committed!r} right after close (after fsync: async_close)"
         if not ctx.args.no_verify:
             check_read_back(ctx, row, mount, path, "nvfs")
     except Exception:
@@ -779,8 +831,8 @@ def store_breakdown(objects: dict[str, int], manifest: bytes) -> str:
             f"(manifests, superblock; {sum(other):,} B)")
 
 
-def bench_nvfs_dir(ctx: Context, row: Row) -> None:
-    place = ctx.work / "nvfs-dir"
+def bench_nvfs_dir(ctx: Context, row: Row, extra_options: str = "") -> None:
+    place = ctx.work / row.key
     store = place / "store"
     store.mkdir(parents=True)
 
@@ -791,14 +843,28 @@ def bench_nvfs_dir(ctx: Context, row: Row) -> None:
         manifest = (store / "tree" / FILE_NAME).read_bytes()
         return tree_bytes(store), "store dir: " + store_breakdown(objects, manifest)
 
-    bench_nvfs(ctx, row, str(store), place, stored)
+    bench_nvfs(ctx, row, str(store), place, stored, extra_options=extra_options)
 
 
-def bench_nvfs_s3(ctx: Context, row: Row) -> None:
+def bench_nvfs_async(ctx: Context, row: Row) -> None:
+    bench_nvfs_dir(ctx, row, "async_close")
+
+
+def bench_nvfs_stage(ctx: Context, row: Row) -> None:
+    """nvfs on S3 with a stage on the local disk: close returns once the data is durable there."""
+    stage = ctx.work / row.key / "stage"
+    stage.mkdir(parents=True)
+    bench_nvfs_s3(ctx, row, f"stage_dir={stage}")
+    if not math.isnan(row.umount_s):
+        row.notes.append(f"in S3 after {row.seconds + row.umount_s:.2f} s (save + unmount, which waits until "
+                         f"the stage has drained)")
+
+
+def bench_nvfs_s3(ctx: Context, row: Row, extra_options: str = "") -> None:
     from tests.seaweed import SeaweedServer
 
-    place = ctx.work / "nvfs-s3"
-    place.mkdir()
+    place = ctx.work / row.key
+    place.mkdir(exist_ok=True)
     server = SeaweedServer(place / "seaweed")
     try:
         server.start()
@@ -817,7 +883,8 @@ def bench_nvfs_s3(ctx: Context, row: Row) -> None:
         saved = ctx.nvfs_options
         ctx.nvfs_options = ",".join(filter(None, (f"endpoint_url={server.endpoint_url}", saved)))
         try:
-            bench_nvfs(ctx, row, f"s3://{BUCKET}/{PREFIX}", place, stored, env=env, other_pid=server.pid)
+            bench_nvfs(ctx, row, f"s3://{BUCKET}/{PREFIX}", place, stored, env=env, other_pid=server.pid,
+                       extra_options=extra_options)
         finally:
             ctx.nvfs_options = saved
         row.notes.append(f"{tool_version(server.weed or 'weed', 'version')}, on the same 2 cores")
@@ -830,7 +897,8 @@ def bench_nvfs_s3(ctx: Context, row: Row) -> None:
 
 BENCHES: dict[str, Callable[[Context, Row], None]] = {
     "plain": bench_plain, "nullfs": bench_nullfs, "juicefs": bench_juicefs,
-    "nvfs-dir": bench_nvfs_dir, "nvfs-s3": bench_nvfs_s3,
+    "nvfs-dir": bench_nvfs_dir, "nvfs-async": bench_nvfs_async, "nvfs-s3": bench_nvfs_s3,
+    "nvfs-stage": bench_nvfs_stage,
 }
 
 
@@ -882,8 +950,9 @@ def fmt(value: float | None, spec: str, missing: str = "n/a") -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    header = (f"{'target':<10} {'save s':>8} {'GB/s':>7} {'logical bytes':>15} {'stored bytes':>15} "
-              f"{'ratio':>7} {'peak RSS':>10} {'VmHWM':>10} {'umount s':>9}  {'data':<12}")
+    header = (f"{'target':<10} {'save s':>8} {'GB/s':>7} {'durable s':>9} {'logical bytes':>15} "
+              f"{'stored bytes':>15} {'ratio':>7} {'peak RSS':>10} {'VmHWM':>10} {'umount s':>9}  "
+              f"{'data':<12}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -897,9 +966,11 @@ def print_table(rows: list[Row]) -> None:
         hwm = None if r.rss_hwm is None else f"{r.rss_hwm / MIB:.0f} MiB"
         ratio_text = "n/a" if ratio is None else f"{ratio:.3f}x"
         print(f"{r.label:<10} {fmt(r.seconds, '.2f'):>8} {fmt(r.gbps, '.3f'):>7} "
-              f"{fmt(r.logical, ','):>15} {stored or 'n/a':>15} {ratio_text:>7} "
+              f"{fmt(r.durable_s, '.2f'):>9} {fmt(r.logical, ','):>15} {stored or 'n/a':>15} {ratio_text:>7} "
               f"{rss or 'n/a':>10} {hwm or 'n/a':>10} {fmt(r.umount_s, '.2f', '-'):>9}  {r.verified:<12}")
-    print("(save s: torch.save incl. close, + fsync for the plain dir; GB/s = logical bytes / save s, "
+    print("(save s: torch.save incl. close, + fsync for the plain dir; durable s: until the data is on "
+          "disk or in S3 (plain: = save s; JuiceFS: + syncfs of its bucket dir; nvfs: = save s, close is "
+          "durable, on the local stage for nvfs stage; nvfs async: + fsync); GB/s = logical bytes / save s, "
           "1 GB = 1e9 B; stored: bytes in the backing store after unmount; peak RSS: VmRSS of the FUSE "
           f"daemon sampled every {RSS_INTERVAL} s; VmHWM: read just before unmount; data: read-back check)")
     for r in rows:
@@ -938,8 +1009,17 @@ def acceptance(rows: dict[str, Row], max_inflight: int, inflight_source: str) ->
     else:
         lines.append((f"nvfs dir throughput >= {THROUGHPUT_VS_NULL:.0%} of the null FUSE filesystem's", None,
                       "needs both nvfs-dir and nullfs results"))
+    plain, stage = usable("plain"), usable("nvfs-stage")
+    name = f"nvfs stage torch.save returns in <= {STAGE_VS_PLAIN}x the plain dir's time (torch.save + fsync)"
+    if plain and stage:
+        factor = stage.seconds / plain.seconds
+        lines.append((name, factor <= STAGE_VS_PLAIN,
+                      f"{stage.seconds:.2f} vs {plain.seconds:.2f} s = {factor:.2f}x; in S3 after "
+                      f"{stage.seconds + stage.umount_s:.2f} s"))
+    else:
+        lines.append((name, None, "needs both plain and nvfs-stage results"))
     bound = max_inflight + HEADROOM
-    for key in ("nvfs-dir", "nvfs-s3"):
+    for key in ("nvfs-dir", "nvfs-async", "nvfs-s3", "nvfs-stage"):
         r = rows.get(key)
         name = f"{LABELS[key]} peak RSS <= max_inflight + 256 MiB = {human(bound)}"
         if r is None or r.rss_peak is None:

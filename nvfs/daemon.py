@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 import pyfuse3
@@ -20,9 +21,10 @@ from nvfs.vfs import Vfs
 log = logging.getLogger(__name__)
 
 Ready = Callable[[str | None], None]
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt(3) parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt(3) parameters
 _MMAP_THRESHOLD = 64 << 20  # allocations below this come from the heap
-_HEAP_KEPT = 256 << 20  # free heap memory kept for reuse
+_HEAP_KEPT = 64 << 20  # free memory an arena keeps for reuse
+_ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
 KERNEL_READAHEAD = 4 << 20  # bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb)
 
 
@@ -65,12 +67,14 @@ def keep_chunk_buffers_in_heap() -> None:
 
     By default every 4 MiB buffer (a download, a decoded chunk, a plane) is a fresh mmap
     whose pages the kernel faults in and zeroes, then an munmap: measured at 0.4 s of
-    system CPU per GB restored. Freed memory above ``_HEAP_KEPT`` still goes back.
+    system CPU per GB restored. Freed memory above ``_HEAP_KEPT`` per arena still goes back,
+    and the arenas are few, so the memory bound (``max_inflight``, ``cache_size``) holds.
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
         libc.mallopt(_M_TRIM_THRESHOLD, _HEAP_KEPT)
+        libc.mallopt(_M_ARENA_MAX, _ARENAS)
     except (OSError, AttributeError):
         log.debug("not glibc: malloc keeps its defaults")
 
@@ -95,6 +99,13 @@ def setup_logging(log_file: str | None, level: str) -> None:
     root.setLevel(level.upper())
     for chatty in ("botocore", "boto3", "urllib3", "s3transfer"):  # request dumps, even at debug
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    threading.excepthook = _log_thread_failure
+
+
+def _log_thread_failure(args: threading.ExceptHookArgs) -> None:
+    """A background thread died of a bug: say so in the log (a daemon's stderr goes nowhere)."""
+    thread = args.thread.name if args.thread is not None else "?"
+    log.critical("thread %s failed", thread, exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
 
 def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -61,6 +62,30 @@ def test_kill_during_drain_loses_nothing(tmp_path, own_server, request):
     mount.umount()
     assert _staged_keys(stage) == []
     assert {"tree/first.bin", "tree/second.bin"} <= set(mount.keys("tree/"))
+
+
+def test_unmount_waits_for_uploads_still_pending(tmp_path, own_server, request):
+    """Objects staged while S3 was paused are all uploaded before the daemon exits."""
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (tmp_path / "m").mkdir()
+    mount = Mount(tmp_path / "m", (f"stage_dir={stage}", "metadata_ttl=3600"), s3=own_server)
+    request.addfinalizer(mount.force_cleanup)
+    mount.mount()
+    assert os.listdir(mount.path) == []  # listed now: creating a file then needs no S3 request
+    group = os.getpgid(own_server.pid)
+    os.killpg(group, signal.SIGSTOP)
+    request.addfinalizer(lambda: os.killpg(group, signal.SIGCONT))
+    try:
+        data = os.urandom(24 << 20)
+        (mount.path / "ckpt.bin").write_bytes(data)  # staged: close does not wait for S3
+        assert len(_staged_keys(stage)) > 1
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    mount.umount()
+    assert _staged_keys(stage) == []
+    assert "tree/ckpt.bin" in mount.keys("tree/")
+    assert json.loads(mount.read_object("tree/ckpt.bin"))["size"] == len(data)
 
 
 def test_stage_of_another_store_is_refused(mount_factory, tmp_path):

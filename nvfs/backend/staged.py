@@ -10,6 +10,7 @@ is uploaded, so the remote store never names a chunk it does not have. A staged 
 is removed locally only after its upload, so a crash at any moment leaves it in one
 place or both; the next mount with the same stage finds what is left and drains it.
 The daemon drains everything before it exits (``nvfs umount`` waits for it).
+Uploads give way to writers: they start once the stage has been quiet for a moment.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 STAGE_MARKER = "nvfs-stage.json"
 _CHUNKS = "chunks/"
 _RETRY_SECONDS = (1, 2, 5, 10, 30)
+# Uploads use CPU (and the S3 server's, if it is local) that writers leave idle: on a busy
+# machine close returns sooner and the drain takes longer.
+_UPLOADER_NICENESS = 19
+_WRITERS_QUIET = 0.5  # seconds without a put before uploads start (see _writers_first)
 
 
 class StagedBackend(Backend):
@@ -53,8 +58,9 @@ class StagedBackend(Backend):
         self._staged_bytes = 0
         self._failures = 0
         self._closing = False
-        self._threads = [threading.Thread(target=self._drain, name=f"nvfs-upload-{n}", daemon=True)
-                         for n in range(uploaders)]
+        self._last_put = 0.0  # time.monotonic() of the last put
+        self._uploaders = uploaders
+        self._threads: list[threading.Thread] = []
 
     def _claim(self, root: Path) -> None:
         """A stage belongs to one store: refuse one that holds another store's objects."""
@@ -78,6 +84,10 @@ class StagedBackend(Backend):
         self._resume()
 
     def start_background(self) -> None:
+        # Made here, in the daemon: a Thread object made before the fork to the background
+        # and started after it reports is_alive() False, and close() would not wait for it.
+        self._threads = [threading.Thread(target=self._drain, name=f"nvfs-upload-{n}", daemon=True)
+                         for n in range(self._uploaders)]
         for thread in self._threads:
             thread.start()
 
@@ -102,6 +112,7 @@ class StagedBackend(Backend):
             self._queue[key] = len(data)
             self._staged_bytes += len(data)
             self._generation[key] = self._generation.get(key, 0) + 1
+            self._last_put = time.monotonic()
             self._cond.notify_all()
 
     def _unqueue(self, key: str) -> None:
@@ -197,14 +208,27 @@ class StagedBackend(Backend):
                 return None  # a manifest waits for everything staged before it
         return None
 
+    def _writers_first(self) -> bool:
+        """Whether uploads should wait for writers that are staging data right now.
+
+        A save (the GPUs idle behind it) gets the CPU, disk and network first; the drain
+        starts once writers have been quiet for ``_WRITERS_QUIET`` seconds, or at once when
+        the stage is half full or the daemon is exiting.
+        """
+        return (not self._closing and self._staged_bytes <= self.limit // 2
+                and time.monotonic() - self._last_put < _WRITERS_QUIET)
+
     def _drain(self) -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _UPLOADER_NICENESS)
         while True:
             with self._cond:
-                self._cond.wait_for(
-                    lambda: self._next_upload() is not None or (self._closing and not self._queue))
-                key = self._next_upload()
-                if key is None:
-                    return
+                while True:
+                    key = None if self._writers_first() else self._next_upload()
+                    if key is not None:
+                        break
+                    if self._closing and not self._queue:
+                        return
+                    self._cond.wait(timeout=_WRITERS_QUIET if self._queue else None)
                 self._uploading.add(key)
                 generation = self._generation.get(key, 0)
             try:
@@ -241,7 +265,6 @@ class StagedBackend(Backend):
                          self._staged_bytes)
             self._cond.notify_all()
         for thread in self._threads:
-            if thread.is_alive():
-                thread.join()
+            thread.join()
         self.stage.close()
         self.remote.close()
