@@ -53,6 +53,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def fsync_path(path: Path) -> None:
+    """``fsync`` a file by name (on a fresh descriptor): its data is on disk when this returns."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def raise_on_sigterm(signum: int, _frame: object) -> None:
     """Turn SIGTERM into SystemExit so ``finally`` blocks unmount and clean up."""
     raise SystemExit(128 + signum)

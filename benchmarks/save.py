@@ -48,7 +48,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.common import NVFS, XATTR, make_workdir, raise_on_sigterm  # noqa: E402
+from benchmarks.common import NVFS, XATTR, fsync_path, make_workdir, raise_on_sigterm  # noqa: E402
 
 # AdamW state bytes per parameter: bf16 weight + fp32 master + exp_avg + exp_avg_sq.
 BYTES_PER_PARAM = 2 + 4 + 4 + 4
@@ -280,11 +280,7 @@ def timed_save(state: dict[str, Any], path: Path, fsync: bool) -> float:
     start = time.perf_counter()
     torch.save(state, path)
     if fsync:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
     return time.perf_counter() - start
 
 

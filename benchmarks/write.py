@@ -89,6 +89,7 @@ from benchmarks.common import (  # noqa: E402
     NVFS,
     XATTR,
     cpu_seconds,
+    fsync_path,
     human,
     make_workdir,
     proc_status,
@@ -510,11 +511,7 @@ def timed_save(state: dict[str, Any], path: Path, fsync: bool, row: Row) -> floa
 def timed_fsync(path: Path) -> float:
     """Seconds an ``fsync`` of ``path`` takes (on a fresh descriptor)."""
     start = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path)
     return time.perf_counter() - start
 
 
