@@ -1,4 +1,4 @@
-"""Codec layer: reversible transforms and entropy coders, with CPU (and later GPU) engines.
+"""Codec layer: reversible transforms and entropy coders, with a CPU and a GPU (nvCOMP) engine.
 
 The store hands an engine the uncompressed bytes of one chunk and gets back an
 :class:`Encoded` value that says exactly how to undo the work (codec, transform and
