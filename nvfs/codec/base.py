@@ -48,7 +48,7 @@ class Encoded:
     codec: Codec
     transform: Transform
     params: bytes
-    payload: bytes
+    payload: bytes | memoryview  # a view into the stored object when decoding
 
     @property
     def name(self) -> str:
