@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
-from nvfs.codec.planes import PlaneCoder, PlaneEntry, Region, decode_regions, detect_regions, encode_regions
+from nvfs.codec.planes import (
+    PlaneCoder,
+    PlaneEntry,
+    Region,
+    decode_regions,
+    detect_regions,
+    encode_regions,
+    planes_or_raw,
+)
 
 
 class CpuEngine:
@@ -30,9 +38,7 @@ class CpuEngine:
             codec, payload = self._coder.compress_bytes(memoryview(data))
             return Encoded(codec, Transform.NONE, b"", payload)
         params, payload = encode_regions(data, regions, self._coder)
-        if len(params) + len(payload) >= len(data):
-            return Encoded(Codec.RAW, Transform.NONE, b"", bytes(data))
-        return Encoded(Codec.ZSTD, Transform.PLANES, params, payload)
+        return planes_or_raw(data, params, payload, Codec.ZSTD)
 
     def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
         if encoded.transform == Transform.PLANES:

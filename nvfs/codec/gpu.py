@@ -40,6 +40,7 @@ from nvfs.codec.planes import (
     frame_count,
     pack_params,
     parse_params,
+    planes_or_raw,
     sample_entropy,
 )
 
@@ -319,15 +320,10 @@ class GpuEngine:
             device = self._upload(buffers, reserve=sum(len(buffer) for buffer in buffers))
             params, payload, offsets = self.encode_device(device, [regions for _, regions in items])
             host = self._download(payload)
-        results = []
-        for index, (data, _) in enumerate(items):
-            chunk_payload = bytes(host[offsets[index] : offsets[index + 1]])
-            if len(params[index]) + len(chunk_payload) >= len(data):
-                results.append(Encoded(Codec.RAW, Transform.NONE, b"", bytes(data)))
-            else:
-                chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
-                results.append(Encoded(chunk_codec, Transform.PLANES, params[index], chunk_payload))
-        return results
+        chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
+        payloads = [bytes(host[start:end]) for start, end in zip(offsets[:-1], offsets[1:], strict=True)]
+        return [planes_or_raw(data, chunk_params, payload, chunk_codec)
+                for (data, _), chunk_params, payload in zip(items, params, payloads, strict=True)]
 
     def encode_device(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]
                       ) -> tuple[list[bytes], cp.ndarray, list[int]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from nvfs.codec.base import Codec, CodecError, ElementKind
+from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
@@ -290,6 +290,13 @@ def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) ->
         entries.append(RegionEntry(region.kind, region.length, tuple(planes)))
         offset += region.length
     return pack_params(entries), b"".join(payload)
+
+
+def planes_or_raw(data: bytes, params: bytes, payload: bytes, codec: Codec) -> Encoded:
+    """A chunk coded as planes, or stored raw where the planes (with their table) are no smaller."""
+    if len(params) + len(payload) >= len(data):
+        return Encoded(Codec.RAW, Transform.NONE, b"", bytes(data))
+    return Encoded(codec, Transform.PLANES, params, payload)
 
 
 def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneCoder) -> bytearray:
