@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 from pathlib import Path
 
+import blake3
 import pytest
 
 from tests.conftest import nvfs
@@ -250,3 +252,46 @@ def test_empty_source_is_initialised(mount_factory):
     assert json.loads((mount.source / "nvfs.json").read_bytes()) == superblock
     mount.mount()  # an initialised store is a store, not a foreign directory
     assert os.listdir(mount.path) == []
+
+
+def _chunk_names(mount) -> set[str]:
+    return {path.name for path in (mount.source / "chunks").rglob("*") if path.is_file()}
+
+
+def test_new_store_names_chunks_by_blake3(mount_factory):
+    mount = mount_factory()
+    mount.mount()
+    superblock = json.loads((mount.source / "nvfs.json").read_bytes())
+    assert (superblock["nvfs_store"], superblock["hash"]) == (2, "blake3"), superblock
+    data = os.urandom(100_000)
+    (mount.path / "f.bin").write_bytes(data)
+    mount.remount()
+    assert (mount.path / "f.bin").read_bytes() == data
+    assert _chunk_names(mount) == {blake3.blake3(data).hexdigest()}
+
+
+def test_format_1_store_keeps_sha256(mount_factory):
+    """A store made before BLAKE3 (format 1) goes on naming and checking its chunks by SHA-256."""
+    mount = mount_factory()
+    mount.mount()
+    mount.umount()
+    superblock = {"nvfs_store": 1, "created": "2026-11-29T10:00:00Z", "hash": "sha256", "chunk_size": 4 << 20}
+    (mount.source / "nvfs.json").write_text(json.dumps(superblock))
+    mount.mount()
+    data = os.urandom(100_000)
+    (mount.path / "old.bin").write_bytes(data)
+    mount.remount()
+    assert (mount.path / "old.bin").read_bytes() == data
+    assert _chunk_names(mount) == {hashlib.sha256(data).hexdigest()}
+    assert json.loads((mount.source / "nvfs.json").read_bytes()) == superblock
+
+
+def test_unknown_chunk_hash_is_refused(mount_factory):
+    mount = mount_factory()
+    mount.mount()
+    mount.umount()
+    superblock = {"nvfs_store": 2, "hash": "md5", "chunk_size": 4 << 20}
+    (mount.source / "nvfs.json").write_text(json.dumps(superblock))
+    result = _mount_cli(mount)
+    _assert_error(result, "md5", "nvfs.json")
+    assert not os.path.ismount(mount.mountpoint)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import logging
 import struct
@@ -25,7 +24,7 @@ from nvfs.codec import (
     make_engine,
 )
 from nvfs.codec.planes import FRAME_SIZE, ITEM_SIZE, PlaneEntry, RegionEntry, pack_params
-from nvfs.store.chunk import ChunkCorrupt, decode_chunk, encode_chunk
+from nvfs.store.chunk import CHUNK_HASHES, ChunkCorrupt, decode_chunk, encode_chunk
 
 ENGINE = CpuEngine(level=3)
 FLOAT_DTYPES = {ElementKind.FP16: np.float16, ElementKind.FP32: np.float32, ElementKind.FP64: np.float64}
@@ -110,12 +109,14 @@ def test_detection_picks_the_float_kind():
     assert ENGINE.encode(weights).transform == Transform.PLANES
 
 
+@pytest.mark.parametrize("hash_name", sorted(CHUNK_HASHES))
 @pytest.mark.parametrize("damage", ["payload", "params", "truncate", "header"])
-def test_damaged_chunk_is_reported_not_returned(damage):
+def test_damaged_chunk_is_reported_not_returned(damage, hash_name):
     rng = np.random.default_rng(2)
     data = (rng.standard_normal(300_000) * 0.02).astype(np.float32).tobytes()
-    blob, encoded = encode_chunk(data, ENGINE, [Region(len(data), ElementKind.FP32)])
-    chunk_id = __import__("hashlib").sha256(data).hexdigest()
+    digest_of = CHUNK_HASHES[hash_name]
+    blob, encoded = encode_chunk(data, ENGINE, [Region(len(data), ElementKind.FP32)], digest_of(data))
+    chunk_id = digest_of(data).hex()
     broken = bytearray(blob)
     if damage == "payload":
         broken[-100] ^= 0x40
@@ -126,8 +127,8 @@ def test_damaged_chunk_is_reported_not_returned(damage):
     else:
         broken[5] = 99  # unknown codec
     with pytest.raises(ChunkCorrupt):
-        decode_chunk(bytes(broken), ENGINE, chunk_id)
-    assert bytes(decode_chunk(blob, ENGINE, chunk_id)) == data
+        decode_chunk(bytes(broken), ENGINE, chunk_id, digest_of)
+    assert bytes(decode_chunk(blob, ENGINE, chunk_id, digest_of)) == data
 
 
 def test_regions_must_cover_the_chunk():
@@ -216,13 +217,14 @@ def test_chunk_crc_guards_engines_that_cannot_reject_damage():
 
     data = np.random.default_rng(3).standard_normal(1 << 18).astype(np.float32).tobytes()
     engine = CpuEngineTrustingItsInput()
-    blob, _ = encode_chunk(data, engine, [Region(len(data), ElementKind.FP32)])
-    digest = hashlib.sha256(data).hexdigest()
-    assert decode_chunk(blob, engine, digest) == data
+    digest_of = CHUNK_HASHES["blake3"]
+    blob, _ = encode_chunk(data, engine, [Region(len(data), ElementKind.FP32)], digest_of(data))
+    chunk_id = digest_of(data).hex()
+    assert decode_chunk(blob, engine, chunk_id, digest_of) == data
     damaged = bytearray(blob)
     damaged[-100] ^= 0x40
     with pytest.raises(ChunkCorrupt, match="CRC"):
-        decode_chunk(bytes(damaged), engine, digest)
+        decode_chunk(bytes(damaged), engine, chunk_id, digest_of)
 
 
 def test_engine_auto_falls_back_to_the_cpu_with_a_reason(caplog):

@@ -6,7 +6,6 @@ skipped, with the reason shown, where CUDA, CuPy or nvCOMP is not usable.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 
@@ -15,7 +14,7 @@ import pytest
 
 from nvfs.codec import Codec, CodecError, CpuEngine, ElementKind, Region, Transform, make_engine
 from nvfs.codec.planes import ITEM_SIZE
-from nvfs.store.chunk import HEADER, ChunkCorrupt, decode_chunk, encode_chunk
+from nvfs.store.chunk import CHUNK_HASHES, HEADER, ChunkCorrupt, decode_chunk, encode_chunk
 
 pytestmark = pytest.mark.gpu
 KINDS = (ElementKind.BYTES, ElementKind.BF16, ElementKind.FP16, ElementKind.FP32, ElementKind.FP64)
@@ -138,13 +137,14 @@ def test_concurrent_callers_are_batched_and_each_gets_its_own_chunk(gpu):
 def test_damaged_chunk_is_refused_before_the_gpu_sees_it(gpu):
     """A damaged chunk object fails its CRC check; the engine goes on decoding good chunks."""
     good, regions = mixed_chunk(1)
-    blob, _ = encode_chunk(good, gpu, regions)
-    digest = hashlib.sha256(good).hexdigest()
+    digest_of = CHUNK_HASHES["blake3"]
+    blob, _ = encode_chunk(good, gpu, regions, digest_of(good))
+    chunk_id = digest_of(good).hex()
     damaged = bytearray(blob)
     damaged[HEADER.size + 200 : HEADER.size + 264] = bytes(64)
     with pytest.raises(ChunkCorrupt, match="CRC"):
-        decode_chunk(bytes(damaged), gpu, digest)
-    assert decode_chunk(blob, gpu, digest) == good
+        decode_chunk(bytes(damaged), gpu, chunk_id, digest_of)
+    assert decode_chunk(blob, gpu, chunk_id, digest_of) == good
 
 
 def test_ans_round_trip_and_cpu_refuses_it_clearly(gpu_ans):

@@ -11,7 +11,8 @@ A chunk object is a fixed 64-byte header, the transform parameters, then the pay
     16  8  payload length
     24  4  transform parameter length
     28  4  CRC-32 of everything after the header (version 2; zero in version 1)
-    32  32 SHA-256 of the uncompressed bytes (also the chunk's id)
+    32  32 hash of the uncompressed bytes (also the chunk's id): the store's hash function,
+           BLAKE3 or SHA-256 (the superblock's "hash")
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import blake3
 
 from nvfs.codec import Codec, CodecError, Encoded, Engine, Region, Transform
 
@@ -46,16 +50,30 @@ class ChunkHeader:
     crc: int
 
 
-def chunk_digest(data: bytes) -> bytes:
-    """SHA-256 of uncompressed bytes; its hex form is the chunk's content address."""
-    return hashlib.sha256(data).digest()
+ChunkHash = Callable[[bytes | bytearray | memoryview], bytes]
+"""A store's hash function: 32 bytes whose hex form is the chunk's content address."""
+
+CHUNK_HASHES: dict[str, ChunkHash] = {
+    # BLAKE3 hashes a 4 MiB chunk about five times faster than SHA-256 on one core (0.43 ms
+    # vs 2.0 ms here), and it runs on every chunk written and every chunk read.
+    "blake3": lambda data: blake3.blake3(data).digest(),
+    "sha256": lambda data: hashlib.sha256(data).digest(),  # stores of format 1
+}
+
+
+def chunk_hash(name: str) -> ChunkHash:
+    """The hash function called ``name`` in a superblock; KeyError names the unknown one."""
+    try:
+        return CHUNK_HASHES[name]
+    except KeyError:
+        raise KeyError(f"chunk hash {name!r} is not known (known: {', '.join(CHUNK_HASHES)})") from None
 
 
 def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
-                 digest: bytes | None = None) -> tuple[bytes, Encoded]:
-    """Build the object for ``data`` (holding ``regions``, if known); returns it and its encoding.
+                 digest: bytes) -> tuple[bytes, Encoded]:
+    """Build the object for ``data`` (holding ``regions``, if known, and hashing to ``digest``).
 
-    ``digest`` is :func:`chunk_digest` of ``data`` when the caller has it already.
+    Returns the object and its encoding.
     """
     encoded = engine.encode(data, regions)
     header = HEADER.pack(
@@ -68,7 +86,7 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
         len(encoded.payload),
         len(encoded.params),
         zlib.crc32(encoded.payload, zlib.crc32(encoded.params)),
-        digest or chunk_digest(data),
+        digest,
     )
     return b"".join((header, encoded.params, encoded.payload)), encoded
 
@@ -91,10 +109,10 @@ def parse_header(blob: bytes) -> ChunkHeader:
     return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest, version, crc)
 
 
-def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes | bytearray:
-    """Decode a chunk object and verify it is the chunk ``expected_id``."""
+def decode_chunk(blob: bytes, engine: Engine, expected_id: str, digest_of: ChunkHash) -> bytes | bytearray:
+    """Decode a chunk object and verify, with the store's hash, that it is the chunk ``expected_id``."""
     header = parse_header(blob)
-    # The SHA-256 can only be checked after decoding; an engine whose decoder may fault on
+    # The hash can only be checked after decoding; an engine whose decoder may fault on
     # damaged input (the GPU's) gets only bytes that passed the CRC.
     check_crc = not engine.rejects_damaged_input and header.version >= 2
     if check_crc and zlib.crc32(memoryview(blob)[HEADER.size :]) != header.crc:
@@ -108,7 +126,7 @@ def decode_chunk(blob: bytes, engine: Engine, expected_id: str) -> bytes | bytea
         raise ChunkCorrupt(str(exc)) from exc
     if len(data) != header.raw_length:
         raise ChunkCorrupt(f"decoded {len(data)} bytes, header says {header.raw_length}")
-    digest = hashlib.sha256(data).digest()
+    digest = digest_of(data)
     if digest != header.digest or digest.hex() != expected_id:
         raise ChunkCorrupt("checksum mismatch")
     return data

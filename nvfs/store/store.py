@@ -1,6 +1,6 @@
 """The store: namespace entries as manifests, file contents as content-addressed chunks.
 
-Key layout (docs/FORMAT.md): ``nvfs.json`` (the superblock), ``chunks/ab/cd/<sha256>``
+Key layout (docs/FORMAT.md): ``nvfs.json`` (the superblock), ``chunks/ab/cd/<hash>``
 (one object per distinct chunk, shared by every file that holds those bytes) and
 ``tree/<path>`` (one manifest per file or symlink; ``tree/<dir>/#dir`` per directory).
 
@@ -21,13 +21,14 @@ from collections.abc import Iterator, Sequence
 
 from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import Engine, LayoutTracker, Region
-from nvfs.store.chunk import ChunkCorrupt, chunk_digest, decode_chunk, encode_chunk
+from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT_VERSION = 1
+STORE_FORMAT_VERSION = 2  # 2: chunks are named by BLAKE3 (1: SHA-256, still read and written)
+NEW_STORE_HASH = "blake3"
 SUPERBLOCK_KEY = "nvfs.json"
 TREE_PREFIX = "tree/"
 CHUNK_PREFIX = "chunks/"
@@ -148,6 +149,7 @@ class Store:
         self.engine = engine
         self.disk_cache = disk_cache
         self.superblock = superblock
+        self.digest_of = chunk_hash(superblock.get("hash", "sha256"))
         # On a shared backend another mount may be about to name a chunk that no manifest
         # names yet: only chunks older than the grace period are collected there.
         self.gc_grace = gc_grace if gc_grace is not None else (SHARED_GC_GRACE if backend.shared else 0.0)
@@ -178,6 +180,10 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
+        try:
+            chunk_hash(superblock.get("hash", "sha256"))
+        except KeyError as exc:
+            raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY}: {exc.args[0]}") from None
         backend.discard_incomplete()
         return cls(backend, engine, superblock, gc_grace, disk_cache)
 
@@ -187,7 +193,7 @@ class Store:
         superblock = {
             "nvfs_store": STORE_FORMAT_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "hash": "sha256",
+            "hash": NEW_STORE_HASH,
             "chunk_size": DEFAULT_CHUNK_SIZE,
         }
         root = default_dir_manifest(now)
@@ -213,7 +219,7 @@ class Store:
         ``regions`` say which values the bytes hold (from a :class:`LayoutTracker`); without
         them the engine guesses from the content.
         """
-        digest = chunk_digest(data)
+        digest = self.digest_of(data)
         cid = digest.hex()
         with self._gc_lock.shared():
             self.pin([cid])
@@ -266,7 +272,7 @@ class Store:
         return data
 
     def _decode(self, blob: bytes, ref: ChunkRef) -> bytes | bytearray:
-        data = decode_chunk(blob, self.engine, ref.id)
+        data = decode_chunk(blob, self.engine, ref.id, self.digest_of)
         if len(data) != ref.length:
             raise ChunkCorrupt(f"chunk holds {len(data)} bytes, manifest says {ref.length}")
         return data
