@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,7 +42,6 @@ from nvfs.codec.planes import (
     pack_params,
     parse_params,
     planes_or_raw,
-    sample_entropy,
 )
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,15 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
     raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
 
 BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
+_COPY_THREADS = min(8, os.cpu_count() or 1)
 _SAMPLE = 4 << 10  # must match the CPU engine's raw-plane test (nvfs.codec.planes)
 _RANDOM_BITS = 7.9
 _THREADS = 256
+COPY_PIECE = 64 << 10  # bytes one block of the copy kernel moves at most
 _ALIGN = 256  # plane and frame alignment in device buffers (nvCOMP asks for at most this)
 
-_KERNELS = r"""
+_GROUP = 4  # values per thread in the plane kernels: one 4-byte store per plane
+_KERNELS = f"#define GROUP {_GROUP}\n" + r"""
 extern "C" {
 // Regions of a batch are described by tables indexed by region: its first value's index in
 // the batch (ascending), its byte offset in the data, where its planes start in the plane
@@ -73,54 +76,133 @@ __device__ int find_region(const long long* first_value, int regions, long long 
     return lo;
 }
 
-// One thread per value: rotate it left one bit, scatter its bytes to the planes (MSB first).
+// A value of `size` bytes at `in`, little-endian; one load where the address allows it.
+__device__ unsigned long long load_value(const unsigned char* in, int size) {
+    unsigned long long address = (unsigned long long)in;
+    if (size == 2 && address % 2 == 0) return *(const unsigned short*)in;
+    if (size == 4 && address % 4 == 0) return *(const unsigned int*)in;
+    if (size == 8 && address % 8 == 0) return *(const unsigned long long*)in;
+    unsigned long long x = 0;
+    for (int b = 0; b < size; b++) x |= (unsigned long long)in[b] << (8 * b);
+    return x;
+}
+
+__device__ void store_value(unsigned char* out, int size, unsigned long long x) {
+    unsigned long long address = (unsigned long long)out;
+    if (size == 2 && address % 2 == 0) { *(unsigned short*)out = (unsigned short)x; return; }
+    if (size == 4 && address % 4 == 0) { *(unsigned int*)out = (unsigned int)x; return; }
+    if (size == 8 && address % 8 == 0) { *(unsigned long long*)out = x; return; }
+    for (int b = 0; b < size; b++) out[b] = (unsigned char)(x >> (8 * b));
+}
+
+__device__ unsigned long long rotate_left(unsigned long long x, int size) {
+    int bits = 8 * size;
+    unsigned long long mask = bits == 64 ? ~0ULL : ((1ULL << bits) - 1);
+    return ((x << 1) | (x >> (bits - 1))) & mask;
+}
+
+__device__ unsigned long long rotate_right(unsigned long long x, int size) {
+    return (x >> 1) | ((x & 1ULL) << (8 * size - 1));
+}
+
+// Where value v lies: its region r, index i in the region, value size, plane stride n, and the
+// addresses of the value (data) and of its byte in the first plane.
+struct Place { int r; long long i; int size; long long n; long long data; long long plane; };
+
+__device__ Place place_of(const long long* first_value, const long long* offset,
+                          const long long* plane_offset, const long long* stride, const int* item_size,
+                          int regions, long long v) {
+    Place at;
+    at.r = find_region(first_value, regions, v);
+    at.i = v - first_value[at.r];
+    at.size = item_size[at.r];
+    at.n = stride[at.r];
+    at.data = offset[at.r] + at.i * at.size;
+    at.plane = plane_offset[at.r] + at.i;
+    return at;
+}
+
+// Whether the GROUP values from v lie in one region, aligned for whole-value loads and for
+// 4-byte plane stores.
+__device__ bool whole_group(const long long* first_value, int regions, long long values, long long v,
+                            Place at, const unsigned char* base) {
+    long long end = at.r + 1 < regions ? first_value[at.r + 1] : values;
+    return at.size > 1 && v + GROUP <= end && at.i % GROUP == 0
+        && ((unsigned long long)(base + at.data)) % at.size == 0;
+}
+
+// One thread per GROUP values: rotate each left one bit and scatter its bytes to the planes
+// (MSB first); GROUP bytes of one plane are stored at once where alignment allows.
 __global__ void split_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
                              const long long* offset, const long long* plane_offset, const long long* stride,
                              const int* item_size, int regions, long long values) {
-    long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (v >= values) return;
-    int r = find_region(first_value, regions, v);
-    long long i = v - first_value[r];
-    long long n = stride[r];
-    int size = item_size[r];
-    const unsigned char* in = src + offset[r] + i * size;
-    unsigned char* out = dst + plane_offset[r] + i;
-    if (size == 1) { out[0] = in[0]; return; }
-    unsigned long long x = 0;
-    for (int b = 0; b < size; b++) x |= (unsigned long long)in[b] << (8 * b);
-    int bits = 8 * size;
-    unsigned long long mask = bits == 64 ? ~0ULL : ((1ULL << bits) - 1);
-    x = ((x << 1) | (x >> (bits - 1))) & mask;
-    for (int p = 0; p < size; p++) out[p * n] = (unsigned char)(x >> (8 * (size - 1 - p)));
+    long long v0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * GROUP;
+    if (v0 >= values) return;
+    Place at = place_of(first_value, offset, plane_offset, stride, item_size, regions, v0);
+    if (whole_group(first_value, regions, values, v0, at, src)) {
+        unsigned int packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < GROUP; k++) {
+            unsigned long long x = rotate_left(load_value(src + at.data + k * at.size, at.size), at.size);
+            for (int p = 0; p < at.size; p++)
+                packed[p] |= (unsigned int)((x >> (8 * (at.size - 1 - p))) & 0xFF) << (8 * k);
+        }
+        for (int p = 0; p < at.size; p++) *(unsigned int*)(dst + at.plane + p * at.n) = packed[p];
+        return;
+    }
+    for (long long v = v0; v < v0 + GROUP && v < values; v++) {
+        Place one = place_of(first_value, offset, plane_offset, stride, item_size, regions, v);
+        if (one.size == 1) { dst[one.plane] = src[one.data]; continue; }
+        unsigned long long x = rotate_left(load_value(src + one.data, one.size), one.size);
+        for (int p = 0; p < one.size; p++)
+            dst[one.plane + p * one.n] = (unsigned char)(x >> (8 * (one.size - 1 - p)));
+    }
 }
 
 // Inverse of split_planes.
 __global__ void merge_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
                              const long long* offset, const long long* plane_offset, const long long* stride,
                              const int* item_size, int regions, long long values) {
-    long long v = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (v >= values) return;
-    int r = find_region(first_value, regions, v);
-    long long i = v - first_value[r];
-    long long n = stride[r];
-    int size = item_size[r];
-    const unsigned char* in = src + plane_offset[r] + i;
-    unsigned char* out = dst + offset[r] + i * size;
-    if (size == 1) { out[0] = in[0]; return; }
-    unsigned long long x = 0;
-    for (int p = 0; p < size; p++) x |= (unsigned long long)in[p * n] << (8 * (size - 1 - p));
-    int bits = 8 * size;
-    x = (x >> 1) | ((x & 1ULL) << (bits - 1));
-    for (int b = 0; b < size; b++) out[b] = (unsigned char)(x >> (8 * b));
+    long long v0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * GROUP;
+    if (v0 >= values) return;
+    Place at = place_of(first_value, offset, plane_offset, stride, item_size, regions, v0);
+    if (whole_group(first_value, regions, values, v0, at, dst)) {
+        unsigned int packed[8];
+        for (int p = 0; p < at.size; p++) packed[p] = *(const unsigned int*)(src + at.plane + p * at.n);
+        for (int k = 0; k < GROUP; k++) {
+            unsigned long long x = 0;
+            for (int p = 0; p < at.size; p++)
+                x |= (unsigned long long)((packed[p] >> (8 * k)) & 0xFF) << (8 * (at.size - 1 - p));
+            store_value(dst + at.data + k * at.size, at.size, rotate_right(x, at.size));
+        }
+        return;
+    }
+    for (long long v = v0; v < v0 + GROUP && v < values; v++) {
+        Place one = place_of(first_value, offset, plane_offset, stride, item_size, regions, v);
+        if (one.size == 1) { dst[one.data] = src[one.plane]; continue; }
+        unsigned long long x = 0;
+        for (int p = 0; p < one.size; p++)
+            x |= (unsigned long long)src[one.plane + p * one.n] << (8 * (one.size - 1 - p));
+        store_value(dst + one.data, one.size, rotate_right(x, one.size));
+    }
 }
 
-// One block per segment: copy length[s] bytes from src + src_offset[s] to dst + dst_offset[s].
-__global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* src_offset,
-                              const long long* dst_offset, const long long* length) {
+// One block per segment s (table: sources, then targets, then lengths, `segments` each): copy
+// its bytes; 16 bytes at a time where both ends are 16-byte aligned. The host cuts segments
+// into pieces of at most COPY_PIECE bytes, so that a long one keeps many blocks busy.
+__global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* table,
+                              int segments) {
     int s = blockIdx.x;
-    const unsigned char* in = src + src_offset[s];
-    unsigned char* out = dst + dst_offset[s];
-    for (long long k = threadIdx.x; k < length[s]; k += blockDim.x) out[k] = in[k];
+    long long from = table[s], to = table[segments + s], n = table[2 * segments + s];
+    const unsigned char* in = src + from;
+    unsigned char* out = dst + to;
+    long long done = 0;
+    if ((((unsigned long long)in | (unsigned long long)out) & 15) == 0) {
+        long long words = n / 16;
+        for (long long k = threadIdx.x; k < words; k += blockDim.x)
+            ((uint4*)out)[k] = ((const uint4*)in)[k];
+        done = words * 16;
+    }
+    for (long long k = done + threadIdx.x; k < n; k += blockDim.x) out[k] = in[k];
 }
 
 // Grid (planes, 3): byte histogram of the start, middle and end 4 KiB of each plane, the
@@ -200,6 +282,9 @@ class GpuEngine:
         self._cpu = CpuEngine(level)  # decodes chunks without a transform (whole-chunk zstd or raw)
         self._detector = PlaneCoder(level)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        # Host copies into and out of the pinned buffer run on several threads (numpy releases
+        # the GIL): one thread moves only a few GB/s, and page faults on fresh memory slow it more.
+        self._copiers = ThreadPoolExecutor(_COPY_THREADS, thread_name_prefix="nvfs-gpu-copy")
         started: Future = Future()
         self._thread = threading.Thread(target=self._dispatch, args=(started,), name="nvfs-gpu", daemon=True)
         self._thread.start()
@@ -227,6 +312,7 @@ class GpuEngine:
         if self._thread.is_alive():
             self._requests.put(None)
             self._thread.join()
+        self._copiers.shutdown()
 
     def _submit(self, kind: str, item: tuple) -> object:
         future: Future = Future()
@@ -289,6 +375,7 @@ class GpuEngine:
     def _setup(self) -> None:
         cp.cuda.Device(self.device).use()
         self._stream = cp.cuda.Stream(non_blocking=True)
+        self._done = cp.cuda.Event(block=True, disable_timing=True)  # see _wait
         module = cp.RawModule(code=_KERNELS)
         self._split = module.get_function("split_planes")
         self._merge = module.get_function("merge_planes")
@@ -321,7 +408,7 @@ class GpuEngine:
             params, payload, offsets = self.encode_device(device, [regions for _, regions in items])
             host = self._download(payload)
         chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
-        payloads = [bytes(host[start:end]) for start, end in zip(offsets[:-1], offsets[1:], strict=True)]
+        payloads = self._copy_out(host, offsets)
         return [planes_or_raw(data, chunk_params, payload, chunk_codec)
                 for (data, _), chunk_params, payload in zip(items, params, payloads, strict=True)]
 
@@ -346,7 +433,7 @@ class GpuEngine:
                 for chunk_regions in layout.regions for placed in chunk_regions
                 for index in range(ITEM_SIZE[placed.kind])]
 
-    def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[bytearray]:
+    def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[memoryview]:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
         tables = [parse_params(encoded.params, raw, len(encoded.payload)) for encoded, raw in items]
         with self._stream:
@@ -355,11 +442,7 @@ class GpuEngine:
             payload_offsets = np.cumsum([0] + [len(encoded.payload) for encoded, _ in items]).tolist()
             out = self.decode_device(payload, payload_offsets, tables)
             host = self._download(out)
-        results, start = [], 0
-        for _, raw in items:
-            results.append(bytearray(host[start : start + raw]))
-            start += raw
-        return results
+        return self._copy_out(host, np.cumsum([0] + [raw for _, raw in items]).tolist())
 
     def decode_device(self, payload: cp.ndarray, payload_offsets: Sequence[int],
                       tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
@@ -406,10 +489,12 @@ class GpuEngine:
         """
         total = sum(len(buffer) for buffer in buffers)
         staging = self._staging(max(total, reserve))
-        start = 0
-        for buffer in buffers:
-            staging[start : start + len(buffer)] = np.frombuffer(buffer, dtype=np.uint8)
-            start += len(buffer)
+        starts = np.cumsum([0] + [len(buffer) for buffer in buffers]).tolist()
+
+        def copy_in(index: int) -> None:
+            staging[starts[index] : starts[index + 1]] = np.frombuffer(buffers[index], dtype=np.uint8)
+
+        list(self._copiers.map(copy_in, range(len(buffers))))
         device = cp.empty(total, dtype=cp.uint8)
         device.set(staging[:total], stream=self._stream)
         return device
@@ -418,8 +503,28 @@ class GpuEngine:
         """Copy a device buffer into the pinned staging buffer and wait for it."""
         staging = self._staging(device.size)[: device.size]
         device.get(stream=self._stream, out=staging)
-        self._stream.synchronize()
+        self._wait()
         return staging
+
+    def _copy_out(self, host: np.ndarray, bounds: Sequence[int]) -> list[memoryview]:
+        """Copies of ``host[bounds[i]:bounds[i + 1]]`` (the staging buffer is reused by the next batch)."""
+
+        def copy(index: int) -> memoryview:
+            part = np.empty(bounds[index + 1] - bounds[index], dtype=np.uint8)  # no zero fill
+            part[:] = host[bounds[index] : bounds[index + 1]]
+            return memoryview(part)
+
+        return list(self._copiers.map(copy, range(len(bounds) - 1)))
+
+    def _wait(self) -> None:
+        """Wait for the work queued on the engine's stream, with the GIL released.
+
+        Waiting while holding the GIL (as reading nvCOMP's output sizes or a stream sync may
+        do) stalls every other thread of the daemon, the FUSE thread included, for as long
+        as the GPU works.
+        """
+        self._done.record(self._stream)
+        self._done.synchronize()
 
     def _staging(self, size: int) -> np.ndarray:
         """The pinned host buffer, grown to ``size`` bytes (reused: one batch at a time)."""
@@ -431,7 +536,7 @@ class GpuEngine:
     def _launch(self, kernel, source: cp.ndarray, target: cp.ndarray, layout: _Layout) -> None:
         if layout.values == 0:
             return
-        blocks = -(-layout.values // _THREADS)
+        blocks = -(-layout.values // (_THREADS * _GROUP))
         regions = np.int32(len(layout.tables[0]))
         kernel((blocks,), (_THREADS,), (source, target, *layout.tables, regions, np.int64(layout.values)))
 
@@ -446,9 +551,10 @@ class GpuEngine:
         offsets = cp.asarray([plane.offset for plane in tested], dtype=cp.int64)
         lengths = cp.asarray([plane.length for plane in tested], dtype=cp.int64)
         self._histograms((len(tested), 3), (256,), (planes_buffer, offsets, lengths, counts))
+        self._wait()
         histograms = counts.get(stream=self._stream).reshape(len(tested), 256)
-        for plane, histogram in zip(tested, histograms, strict=True):
-            plane.coded = sample_entropy(histogram) <= _RANDOM_BITS
+        for plane, entropy in zip(tested, _entropies(histograms), strict=True):
+            plane.coded = entropy <= _RANDOM_BITS
 
     def _compress(self, planes_buffer: cp.ndarray, planes: list[_Plane]
                   ) -> tuple[dict[Codec, tuple[int, list[int]]], cp.ndarray]:
@@ -477,7 +583,9 @@ class GpuEngine:
             sources = nvcomp.as_arrays(planes_buffer, offsets, sizes, self._stream.ptr)
             starts = [bases[codec] + index * capacity for index in range(len(sizes))]
             targets = nvcomp.as_arrays(compressed, starts, [capacity] * len(sizes), self._stream.ptr)
-            frames[codec] = (bases[codec], batch_sizes(self._coders[codec].encode(sources, out=targets)))
+            coded = self._coders[codec].encode(sources, out=targets)
+            self._wait()
+            frames[codec] = (bases[codec], batch_sizes(coded))
         return frames, compressed
 
     def _assemble(self, planes_buffer: cp.ndarray, planes: list[_Plane], layout: _Layout,
@@ -532,15 +640,39 @@ class GpuEngine:
         self._copy_segments(payload, gathered, list(zip(sources, aligned[:-1], lengths, strict=True)))
         sources_batch = nvcomp.as_arrays(gathered, aligned[:-1], lengths, self._stream.ptr)
         targets_batch = nvcomp.as_arrays(planes_buffer, targets, sizes, self._stream.ptr)
-        if batch_sizes(self._coders[codec].decode(sources_batch, out=targets_batch)) != sizes:
+        decoded = self._coders[codec].decode(sources_batch, out=targets_batch)
+        self._wait()
+        if batch_sizes(decoded) != sizes:
             raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
 
     def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:
         """Copy (source offset, target offset, length) segments in one kernel."""
         if not len(segments):
             return
-        src, dst, length = (cp.asarray(column, dtype=cp.int64) for column in zip(*segments, strict=True))
-        self._copy((len(segments),), (_THREADS,), (source, target, src, dst, length))
+        table = _copy_pieces(np.asarray(segments, dtype=np.int64).reshape(-1, 3))
+        pieces = table.shape[1]
+        self._copy((pieces,), (_THREADS,), (source, target, cp.asarray(table.reshape(-1)), np.int32(pieces)))
+
+
+def _entropies(counts: np.ndarray) -> np.ndarray:
+    """:func:`~nvfs.codec.planes.sample_entropy` of each row of histograms, in one pass."""
+    probabilities = counts / counts.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(probabilities > 0, probabilities * np.log2(probabilities), 0.0)
+    return -terms.sum(axis=1)
+
+
+def _copy_pieces(segments: np.ndarray) -> np.ndarray:
+    """Rows (source, target, length) cut into pieces of at most :data:`COPY_PIECE` bytes.
+
+    Returns the kernel's table: sources, targets and lengths of the pieces, as three rows.
+    """
+    lengths = segments[:, 2]
+    counts = np.maximum(-(-lengths // COPY_PIECE), 1)
+    owner = np.repeat(np.arange(len(segments)), counts)
+    skip = (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)) * COPY_PIECE
+    return np.stack((segments[owner, 0] + skip, segments[owner, 1] + skip,
+                     np.minimum(lengths[owner] - skip, COPY_PIECE)))
 
 
 def _request_bytes(request: tuple) -> int:
