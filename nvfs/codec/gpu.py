@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -110,12 +111,12 @@ __device__ unsigned long long rotate_right(unsigned long long x, int size) {
 struct Place { int r; long long i; int size; long long n; long long data; long long plane; };
 
 __device__ Place place_of(const long long* first_value, const long long* offset,
-                          const long long* plane_offset, const long long* stride, const int* item_size,
+                          const long long* plane_offset, const long long* stride, const long long* item_size,
                           int regions, long long v) {
     Place at;
     at.r = find_region(first_value, regions, v);
     at.i = v - first_value[at.r];
-    at.size = item_size[at.r];
+    at.size = (int)item_size[at.r];
     at.n = stride[at.r];
     at.data = offset[at.r] + at.i * at.size;
     at.plane = plane_offset[at.r] + at.i;
@@ -135,7 +136,7 @@ __device__ bool whole_group(const long long* first_value, int regions, long long
 // (MSB first); GROUP bytes of one plane are stored at once where alignment allows.
 __global__ void split_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
                              const long long* offset, const long long* plane_offset, const long long* stride,
-                             const int* item_size, int regions, long long values) {
+                             const long long* item_size, int regions, long long values) {
     long long v0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * GROUP;
     if (v0 >= values) return;
     Place at = place_of(first_value, offset, plane_offset, stride, item_size, regions, v0);
@@ -161,7 +162,7 @@ __global__ void split_planes(const unsigned char* src, unsigned char* dst, const
 // Inverse of split_planes.
 __global__ void merge_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
                              const long long* offset, const long long* plane_offset, const long long* stride,
-                             const int* item_size, int regions, long long values) {
+                             const long long* item_size, int regions, long long values) {
     long long v0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * GROUP;
     if (v0 >= values) return;
     Place at = place_of(first_value, offset, plane_offset, stride, item_size, regions, v0);
@@ -258,7 +259,7 @@ class _Placed:
 class _Layout:
     """A batch's regions as kernel tables, plus each chunk's placed regions in order."""
 
-    tables: tuple  # device arrays: first value, data offset, plane offset, stride, value size
+    tables: tuple  # device rows (int64): first value, data offset, plane offset, stride, value size
     values: int
     plane_bytes: int
     regions: list[list[_Placed]]
@@ -360,6 +361,7 @@ class GpuEngine:
     def _serve(requests: list, run) -> None:
         if not requests:
             return
+        started = time.perf_counter()
         try:
             results = run([request[1] for request in requests])
         except Exception as exc:
@@ -369,6 +371,9 @@ class GpuEngine:
             for request in requests:  # find the culprit: retry one by one
                 GpuEngine._serve([request], run)
             return
+        log.debug("gpu %s batch: %d chunks, %.1f MiB in %.1f ms", requests[0][0], len(requests),
+                  sum(_request_bytes(request) for request in requests) / (1 << 20),
+                  (time.perf_counter() - started) * 1e3)
         for request, result in zip(requests, results, strict=True):
             request[2].set_result(result)
 
@@ -404,8 +409,9 @@ class GpuEngine:
         """Encode chunks (data, regions covering it) together; returns one :class:`Encoded` each."""
         buffers = [memoryview(data) for data, _ in items]
         with self._stream:
+            layout = _layout([regions for _, regions in items])  # its small copy goes before the large one
             device = self._upload(buffers, reserve=sum(len(buffer) for buffer in buffers))
-            params, payload, offsets = self.encode_device(device, [regions for _, regions in items])
+            params, payload, offsets = self._encode_on_stream(device, layout)
             host = self._download(payload)
         chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
         payloads = self._copy_out(host, offsets)
@@ -420,13 +426,16 @@ class GpuEngine:
         and the payload offsets (one more than there are chunks).
         """
         with self._stream:
-            layout = _layout(regions)
-            planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
-            self._launch(self._split, data, planes_buffer, layout)
-            planes = self._planes_of(layout)
-            self._choose_coded(planes_buffer, planes)
-            frames, compressed = self._compress(planes_buffer, planes)
-            return self._assemble(planes_buffer, planes, layout, frames, compressed)
+            return self._encode_on_stream(data, _layout(regions))
+
+    def _encode_on_stream(self, data: cp.ndarray, layout: _Layout
+                          ) -> tuple[list[bytes], cp.ndarray, list[int]]:
+        planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
+        self._launch(self._split, data, planes_buffer, layout)
+        planes = self._planes_of(layout)
+        self._choose_coded(planes_buffer, planes)
+        frames, compressed = self._compress(planes_buffer, planes)
+        return self._assemble(planes_buffer, planes, layout, frames, compressed)
 
     def _planes_of(self, layout: _Layout) -> list[_Plane]:
         return [_Plane(placed.plane_start(index), placed.plane_length, self.codec)
@@ -437,10 +446,11 @@ class GpuEngine:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
         tables = [parse_params(encoded.params, raw, len(encoded.payload)) for encoded, raw in items]
         with self._stream:
+            layout = _table_layout(tables)  # its small copy goes before the large one
             payload = self._upload([memoryview(encoded.payload) for encoded, _ in items],
                                    reserve=sum(raw for _, raw in items))
             payload_offsets = np.cumsum([0] + [len(encoded.payload) for encoded, _ in items]).tolist()
-            out = self.decode_device(payload, payload_offsets, tables)
+            out = self._decode_on_stream(payload, payload_offsets, tables, layout)
             host = self._download(out)
         return self._copy_out(host, np.cumsum([0] + [raw for _, raw in items]).tolist())
 
@@ -448,11 +458,10 @@ class GpuEngine:
                       tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
         """Decode chunks whose payloads lie back to back in device memory; returns their bytes."""
         with self._stream:
-            return self._decode_on_stream(payload, payload_offsets, tables)
+            return self._decode_on_stream(payload, payload_offsets, tables, _table_layout(tables))
 
     def _decode_on_stream(self, payload: cp.ndarray, payload_offsets: Sequence[int],
-                          tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
-        layout = _layout([[Region(entry.length, entry.kind) for entry in table] for table in tables])
+                          tables: Sequence[Sequence[RegionEntry]], layout: _Layout) -> cp.ndarray:
         total = sum(entry.length for table in tables for entry in table)
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         raw_segments: list[tuple[int, int, int]] = []
@@ -701,9 +710,13 @@ def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
             base += region.length
             plane_base += size * stride
         per_chunk.append(placed)
-    tables = tuple(cp.asarray(column, dtype=cp.int32 if index == 4 else cp.int64)
-                   for index, column in enumerate(columns))
-    return _Layout(tables, values, plane_base, per_chunk)
+    table = cp.asarray(np.array(columns, dtype=np.int64))  # one row per column, one copy
+    return _Layout(tuple(table), values, plane_base, per_chunk)
+
+
+def _table_layout(tables: Sequence[Sequence[RegionEntry]]) -> _Layout:
+    """:func:`_layout` of chunks described by their parameter tables."""
+    return _layout([[Region(entry.length, entry.kind) for entry in table] for table in tables])
 
 
 def _frames_of(plane: PlaneEntry, source: int, target: int,
