@@ -199,17 +199,21 @@ class PlaneCoder:
         packed = self._compressors()[1].compress(data)
         return (Codec.RAW, data.tobytes()) if len(packed) >= len(data) else (Codec.ZSTD, packed)
 
-    def compress_float_plane(self, plane: np.ndarray) -> tuple[PlaneEntry, bytes]:
-        """Frames of :data:`FRAME_SIZE` bytes with the float-plane parameters, or raw."""
+    def compress_float_plane(self, plane: np.ndarray) -> tuple[PlaneEntry, bytes | memoryview]:
+        """Frames of :data:`FRAME_SIZE` bytes with the float-plane parameters, or raw.
+
+        A raw plane comes back as a view of ``plane`` (a fresh array the caller owns): the
+        payload is joined from it, and a copy here would be a second one.
+        """
         view = memoryview(plane).cast("B")
         if len(view) >= 4 * _SAMPLE and looks_random(plane):
-            return PlaneEntry(Codec.RAW, len(view)), view.tobytes()
+            return PlaneEntry(Codec.RAW, len(view)), view
         compressor = self._compressors()[0]
         frames = [compressor.compress(view[start : start + FRAME_SIZE])
                   for start in range(0, len(view), FRAME_SIZE)]
         stored = sum(len(frame) for frame in frames)
         if stored >= len(view):
-            return PlaneEntry(Codec.RAW, len(view)), view.tobytes()
+            return PlaneEntry(Codec.RAW, len(view)), view
         lengths = tuple(len(frame) for frame in frames)
         return PlaneEntry(Codec.ZSTD_FRAMES, stored, FRAME_SIZE, lengths), b"".join(frames)
 
@@ -272,7 +276,7 @@ def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) ->
     """Code ``data`` region by region on the CPU; returns (params, payload)."""
     check_regions(len(data), regions)
     entries: list[RegionEntry] = []
-    payload: list[bytes] = []
+    payload: list[bytes | memoryview] = []
     view = memoryview(data)
     offset = 0
     for region in regions:
