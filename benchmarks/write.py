@@ -904,12 +904,13 @@ def engine_probe(state: dict[str, Any], nvfs_options: str) -> str:
 
     The torch.save bytes (in memory) are cut into chunks of the mount's chunk size; up to
     ``PROBE_BYTES`` of them, spread evenly over the file, are hashed and encoded as the store does
-    (``chunk_digest`` + ``encode_chunk``, the engine guessing the content instead of the layout
+    (the new-store hash, BLAKE3, + ``encode_chunk``, the engine guessing the content instead of the layout
     tracker) on 1 and on 2 threads. Compared with the null filesystem it shows how much of the gap
     is compression CPU that any compressing filesystem pays on this machine.
     """
     from nvfs.codec import make_engine
-    from nvfs.store.chunk import chunk_digest, encode_chunk
+    from nvfs.store.chunk import chunk_hash, encode_chunk
+    from nvfs.store.store import NEW_STORE_HASH
 
     options = parse_options([nvfs_options] if nvfs_options else [])
     size = options.vfs.chunk_size
@@ -921,10 +922,11 @@ def engine_probe(state: dict[str, Any], nvfs_options: str) -> str:
     blocks = [bytes(view[i * size:(i + 1) * size]) for i in range(0, count, step)]
     del view, buffer
     engine = make_engine(options.engine, options.level)
+    digest_of = chunk_hash(NEW_STORE_HASH)
     stored = 0
 
     def work(block: bytes) -> int:
-        return len(encode_chunk(block, engine, None, chunk_digest(block))[0])
+        return len(encode_chunk(block, engine, None, digest_of(block))[0])
 
     rates = []
     for threads in (1, 2):
@@ -933,7 +935,7 @@ def engine_probe(state: dict[str, Any], nvfs_options: str) -> str:
             stored = sum(pool.map(work, blocks))
         rates.append(len(blocks) * size / (time.perf_counter() - start) / 1e9)
     total = len(blocks) * size
-    return (f"nvfs {engine.name} engine alone (chunk_digest + encode_chunk, level {options.level}, "
+    return (f"nvfs {engine.name} engine alone ({NEW_STORE_HASH} + encode_chunk, level {options.level}, "
             f"{len(blocks)} chunks of {human(size)} = {human(total)} spread over the file, ratio "
             f"{total / stored:.3f}x): {rates[0]:.3f} GB/s on 1 thread, {rates[1]:.3f} GB/s on 2 threads")
 

@@ -72,27 +72,29 @@ class Span:
 class _Buffer:
     """The bytes of a file from ``base`` on, as far as they have been fed.
 
-    Fed chunks are kept by reference, not copied: only bytes a parser still needs when the
-    next chunk arrives (a header cut by the chunk boundary, a pickle so far) are carried
-    over as a copy, so stepping over tensor data costs nothing per byte.
+    Fed chunks are kept by reference, not copied (the caller never changes a chunk it fed:
+    the vfs feeds frozen slot buffers); only bytes a parser asks for, or still needs when the
+    next chunk arrives (a header cut by the chunk boundary, a pickle so far), are copied, so
+    stepping over tensor data costs nothing per byte. A copy of every chunk cost 0.56 ms per
+    4 MiB on the thread that serves every FUSE request.
     """
 
     def __init__(self) -> None:
         self.base = 0  # file offset of carry[0]
         self.carry = b""  # copied bytes from earlier chunks, followed by chunk[at:]
-        self.chunk = b""
+        self.chunk: bytes | bytearray = b""
         self.at = 0
 
     @property
     def end(self) -> int:
         return self.base + len(self.carry) + len(self.chunk) - self.at
 
-    def feed(self, offset: int, data: bytes, keep_from: int) -> None:
+    def feed(self, offset: int, data: bytes | bytearray, keep_from: int) -> None:
         if offset != self.end:
             self.base, self.carry, self.chunk, self.at = offset, b"", b"", 0
         leftover = self.get(max(keep_from, self.base), max(0, self.end - max(keep_from, self.base)))
         self.base = max(keep_from, self.base) if leftover else offset
-        self.carry, self.chunk, self.at = leftover, bytes(data), 0
+        self.carry, self.chunk, self.at = leftover, data, 0
         self.drop_before(keep_from)
 
     def drop_before(self, offset: int) -> None:
@@ -116,9 +118,9 @@ class _Buffer:
         relative = start - self.base
         if relative >= len(self.carry):
             begin = self.at + relative - len(self.carry)
-            return self.chunk[begin : begin + length]
+            return bytes(memoryview(self.chunk)[begin : begin + length])
         head = self.carry[relative : relative + length]
-        return head + self.chunk[self.at : self.at + length - len(head)]
+        return head + bytes(memoryview(self.chunk)[self.at : self.at + length - len(head)])
 
     def find(self, pattern: bytes, start: int, limit: int) -> int:
         """File offset of ``pattern`` in ``[start, start + limit)``, or -1."""
@@ -363,8 +365,11 @@ class LayoutTracker:
         self._expected = 0
         self._in_order = True
 
-    def chunk_regions(self, offset: int, data: bytes) -> list[Region] | None:
-        """Feed the chunk at ``offset``; return its regions, or ``None`` if they are unknown."""
+    def chunk_regions(self, offset: int, data: bytes | bytearray) -> list[Region] | None:
+        """Feed the chunk at ``offset``; return its regions, or ``None`` if they are unknown.
+
+        ``data`` is kept by reference until the next chunk is fed: it must not change.
+        """
         if offset != self._expected:
             self._in_order = False
         if self._in_order:

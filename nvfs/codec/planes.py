@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,19 +149,31 @@ def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
     return [(rotated >> (8 * (size - 1 - index))).astype(np.uint8) for index in range(size)]
 
 
-def from_planes(planes: Sequence[bytes | np.ndarray], kind: ElementKind, out: memoryview) -> None:
-    """Inverse of :func:`to_planes`, writing the values into ``out``."""
+def from_planes(planes: Sequence[bytes | memoryview | np.ndarray], kind: ElementKind,
+                out: memoryview) -> None:
+    """Inverse of :func:`to_planes`, writing the values into ``out``.
+
+    The rotation is folded into the shifts, and every plane goes through one value-sized
+    scratch array, so each step is a contiguous same-type pass (a mixed uint8/uint32
+    ``|=`` is a slow buffered cast) and no chunk-sized temporaries are made.
+    """
     size = ITEM_SIZE[kind]
     target = np.frombuffer(out, dtype=np.uint8)
     if size == 1:
         target[:] = np.frombuffer(planes[0], dtype=np.uint8)
         return
-    rotated = np.frombuffer(planes[0], dtype=np.uint8).astype(_UINT[size])
-    for plane in planes[1:]:
-        rotated <<= 8
-        rotated |= np.frombuffer(plane, dtype=np.uint8)
-    bits = size * 8
-    np.bitwise_or(rotated >> 1, rotated << (bits - 1), out=target.view(_UINT[size]))
+    values = target.view(_UINT[size])
+    scratch = np.empty_like(values)
+    last = np.frombuffer(planes[-1], dtype=np.uint8)
+    np.copyto(values, last)
+    values <<= size * 8 - 1  # the lowest bit of the last plane is the sign
+    for index, plane in enumerate(planes[:-1]):
+        np.copyto(scratch, np.frombuffer(plane, dtype=np.uint8))
+        scratch <<= 8 * (size - 1 - index) - 1
+        values |= scratch
+    np.copyto(scratch, last)
+    scratch >>= 1
+    values |= scratch
 
 
 class PlaneCoder:
@@ -199,35 +211,46 @@ class PlaneCoder:
         packed = self._compressors()[1].compress(data)
         return (Codec.RAW, data.tobytes()) if len(packed) >= len(data) else (Codec.ZSTD, packed)
 
-    def compress_float_plane(self, plane: np.ndarray) -> tuple[PlaneEntry, bytes]:
-        """Frames of :data:`FRAME_SIZE` bytes with the float-plane parameters, or raw."""
+    def compress_float_plane(self, plane: np.ndarray) -> tuple[PlaneEntry, bytes | memoryview]:
+        """Frames of :data:`FRAME_SIZE` bytes with the float-plane parameters, or raw.
+
+        A raw plane comes back as a view of ``plane`` (a fresh array the caller owns): the
+        payload is joined from it, and a copy here would be a second one.
+        """
         view = memoryview(plane).cast("B")
         if len(view) >= 4 * _SAMPLE and looks_random(plane):
-            return PlaneEntry(Codec.RAW, len(view)), view.tobytes()
+            return PlaneEntry(Codec.RAW, len(view)), view
         compressor = self._compressors()[0]
         frames = [compressor.compress(view[start : start + FRAME_SIZE])
                   for start in range(0, len(view), FRAME_SIZE)]
         stored = sum(len(frame) for frame in frames)
         if stored >= len(view):
-            return PlaneEntry(Codec.RAW, len(view)), view.tobytes()
+            return PlaneEntry(Codec.RAW, len(view)), view
         lengths = tuple(len(frame) for frame in frames)
         return PlaneEntry(Codec.ZSTD_FRAMES, stored, FRAME_SIZE, lengths), b"".join(frames)
 
     def decompress(self, plane: PlaneEntry, payload: memoryview, length: int) -> bytes | memoryview:
         """The ``length`` bytes of one plane (or of a whole chunk without a transform)."""
+        pieces = self.decompress_pieces(plane, payload, length)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def decompress_pieces(self, plane: PlaneEntry, payload: memoryview,
+                          length: int) -> list[bytes | memoryview]:
+        """One plane's ``length`` bytes in consecutive pieces: one per frame of a framed plane."""
         if plane.codec == Codec.RAW:
             if len(payload) != length:
                 raise CodecError(f"raw plane holds {len(payload)} bytes, expected {length}")
-            return payload
+            return [payload]
         if plane.codec == Codec.ZSTD:
-            return self._unzstd(payload, length)
+            return [self._unzstd(payload, length)]
         if plane.codec == Codec.ZSTD_FRAMES:
-            parts, start = [], 0
+            parts: list[bytes | memoryview] = []
+            start = 0
             for index, stored in enumerate(plane.frame_lengths):
                 expected = min(plane.frame_size, length - index * plane.frame_size)
                 parts.append(self._unzstd(payload[start : start + stored], expected))
                 start += stored
-            return b"".join(parts)
+            return parts
         if plane.codec == Codec.ANS:
             raise CodecError("plane is coded with nvCOMP ANS, which only the GPU engine decodes "
                              "(mount with -o engine=gpu on a machine with an NVIDIA GPU and nvCOMP)")
@@ -272,7 +295,7 @@ def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) ->
     """Code ``data`` region by region on the CPU; returns (params, payload)."""
     check_regions(len(data), regions)
     entries: list[RegionEntry] = []
-    payload: list[bytes] = []
+    payload: list[bytes | memoryview] = []
     view = memoryview(data)
     offset = 0
     for region in regions:
@@ -309,11 +332,41 @@ def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneC
         planes = []
         for plane in region.planes:
             stored = source[consumed : consumed + plane.stored]
-            planes.append(coder.decompress(plane, stored, region.plane_length))
+            planes.append(coder.decompress_pieces(plane, stored, region.plane_length))
             consumed += plane.stored
-        from_planes(planes, region.kind, out_view[offset : offset + region.length])
+        size = ITEM_SIZE[region.kind]
+        for start, row in _rows(planes):
+            end = offset + (start + len(row[0])) * size
+            from_planes(row, region.kind, out_view[offset + start * size : end])
         offset += region.length
     return out
+
+
+def _rows(planes: list[list[bytes | memoryview]]) -> Iterator[tuple[int, list[bytes | memoryview]]]:
+    """The planes of a region cut into rows at their frame boundaries: (first value, pieces).
+
+    Merging frame by frame keeps the working set in cache and saves joining the frames of
+    each plane first. Planes whose frames do not line up are joined into one row.
+    """
+    framed = {tuple(len(piece) for piece in pieces) for pieces in planes if len(pieces) > 1}
+    if len(framed) != 1:
+        yield 0, [pieces[0] if len(pieces) == 1 else b"".join(pieces) for pieces in planes]
+        return
+    lengths = framed.pop()
+    views = [pieces if len(pieces) > 1 else _cut(memoryview(pieces[0]), lengths) for pieces in planes]
+    start = 0
+    for index, length in enumerate(lengths):
+        yield start, [pieces[index] for pieces in views]
+        start += length
+
+
+def _cut(view: memoryview, lengths: tuple[int, ...]) -> list[memoryview]:
+    """``view`` in consecutive slices of ``lengths``."""
+    pieces, start = [], 0
+    for length in lengths:
+        pieces.append(view[start : start + length])
+        start += length
+    return pieces
 
 
 def detect_regions(data: bytes, coder: PlaneCoder) -> list[Region]:

@@ -14,12 +14,13 @@ import os
 
 import pyfuse3
 
-from nvfs.vfs import ROOT_INO, Node, Stat, Vfs, VfsError
+from nvfs.vfs import ROOT_INO, XATTR_PREFIX, Node, Stat, Vfs, VfsError
 
 log = logging.getLogger(__name__)
 
 ATTR_TIMEOUT = 1.0
 PID_XATTR = b"user.nvfs.pid"
+NVFS_XATTR_PREFIX = os.fsencode(XATTR_PREFIX)
 
 
 def _translated(handler):
@@ -200,6 +201,10 @@ class Operations(pyfuse3.Operations):
     async def getxattr(self, inode, name, ctx):
         if inode == ROOT_INO and name == PID_XATTR:
             return str(os.getpid()).encode()
+        if not name.startswith(NVFS_XATTR_PREFIX):
+            # The kernel asks for security.capability before writes: answer without
+            # computing every attribute (the stored size walks all of a file's slots).
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = self.vfs.xattrs(inode).get(os.fsdecode(name))
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

@@ -1,6 +1,6 @@
 """VFS layer: inodes, open files, write buffers and read-ahead over the store."""
 
-from nvfs.vfs.filesystem import ROOT_INO, Handle, Vfs, VfsConfig, VfsError
+from nvfs.vfs.filesystem import ROOT_INO, XATTR_PREFIX, Handle, Vfs, VfsConfig, VfsError
 from nvfs.vfs.node import Node, Stat
 
-__all__ = ["ROOT_INO", "Handle", "Node", "Stat", "Vfs", "VfsConfig", "VfsError"]
+__all__ = ["ROOT_INO", "XATTR_PREFIX", "Handle", "Node", "Stat", "Vfs", "VfsConfig", "VfsError"]
