@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from nvfs.backend.base import Backend, BackendError, ObjectNotFound, StoreLocked
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,6 @@ class DirectoryBackend(Backend):
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
         target = self._path(key)
-        self._tmp.mkdir(exist_ok=True)
         tmp = self._tmp / uuid.uuid4().hex
         direct = not durable and self._direct and len(data) >= _DIRECT_MIN
         fd = self._create(tmp, direct)
@@ -97,16 +98,39 @@ class DirectoryBackend(Backend):
         finally:
             os.close(fd.fd)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, target)
+            self._rename_into_place(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         if durable:
             self._fsync_dir(target.parent)
 
+    @staticmethod
+    def _rename_into_place(tmp: Path, target: Path) -> None:
+        """Rename, making the target's directories first only when they are missing.
+
+        Most chunk directories exist already: trying first saves a mkdir per object. A
+        directory that garbage collection prunes meanwhile is made again on the retry.
+        """
+        for _ in range(3):
+            try:
+                os.replace(tmp, target)
+                return
+            except FileNotFoundError:
+                if not os.path.exists(tmp):
+                    raise
+                target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, target)
+
     def _create(self, path: Path, direct: bool) -> _OpenFile:
-        """A new file, opened for direct I/O if asked and the filesystem allows it."""
+        """A new file in ``.tmp``, opened for direct I/O if asked and the filesystem allows it."""
+        try:
+            return self._open_new(path, direct)
+        except FileNotFoundError:
+            self._tmp.mkdir(exist_ok=True)  # made at mount; made again if someone removed it
+            return self._open_new(path, direct)
+
+    def _open_new(self, path: Path, direct: bool) -> _OpenFile:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         if direct:
             try:
@@ -128,7 +152,9 @@ class DirectoryBackend(Backend):
         """
         whole = len(data) - len(data) % _ALIGN
         buffer = self._aligned_buffer(whole)
-        buffer[:whole] = memoryview(data)[:whole]
+        # numpy copies with the GIL released (a slice assignment to the mmap would hold it)
+        target = np.frombuffer(buffer, dtype=np.uint8, count=whole)
+        target[:] = np.frombuffer(data, dtype=np.uint8, count=whole)
         written = _write_all(fd, memoryview(buffer)[:whole], stop_unaligned=True)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
         _write_all(fd, memoryview(data)[written:])
