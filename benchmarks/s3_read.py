@@ -14,7 +14,9 @@ Everything runs against one local SeaweedFS S3 server that this script starts
    c. plain boto3 on the same uncompressed bytes, uploaded as one ordinary object to the same
       server: ``get_object`` streamed to nowhere (one connection), ``download_file`` with boto3's
       default ``TransferConfig`` to a local file (ranged GETs on 10 threads; the file is not
-      fsynced) and ``download_fileobj`` with the default config into a sink that drops the bytes.
+      fsynced) and ``download_fileobj`` with the default config into a sink that drops the bytes;
+   d. ``cat FILE`` again, every chunk from a warm ``-o cache_dir`` (page cache dropped): the
+      daemon's own read path, without SeaweedFS competing for the CPUs (no acceptance target).
 
    nvfs's speed is given as a multiple of the best plain download. The file read through the
    mount is also hashed (untimed) and compared with the bytes that were uploaded.
@@ -351,6 +353,21 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
         gc.collect()
         load = results.add(Row("1b", "nvfs cold: torch.load(FILE)", load_s, size,
                                detail=load_detail + "; all tensors bit-exact"))
+
+        # (d) cat with every chunk in a local disk cache: the daemon's read path without
+        # SeaweedFS sharing the CPUs (how fast nvfs reads when the store is not the limit).
+        (work / "chunk-cache").mkdir()
+        cache = f"cache_dir={work / 'chunk-cache'}"
+        mount.remount(cache)
+        timed_cat(path)  # fills the cache
+        pid = mount.remount(cache)
+        drop_caches()
+        cpu0, weed0 = cpu_seconds(pid), cpu_seconds(server.pid)
+        warm_s = timed_cat(path)
+        results.add(Row("1d", "nvfs warm disk cache: cat FILE > /dev/null", warm_s, size,
+                        detail=f"daemon CPU {cpu_seconds(pid) - cpu0:.1f} s, weed CPU "
+                               f"{cpu_seconds(server.pid) - weed0:.1f} s; chunks from -o cache_dir, "
+                               "page cache dropped"))
     finally:
         mount.close()
     del state
