@@ -23,7 +23,15 @@ from nvfs.codec import (
     Transform,
     make_engine,
 )
-from nvfs.codec.planes import FRAME_SIZE, ITEM_SIZE, PlaneEntry, RegionEntry, pack_params
+from nvfs.codec.planes import (
+    FRAME_SIZE,
+    ITEM_SIZE,
+    PlaneEntry,
+    RegionEntry,
+    pack_params,
+    parse_params,
+    to_planes,
+)
 from nvfs.store.chunk import CHUNK_HASHES, ChunkCorrupt, decode_chunk, encode_chunk
 
 ENGINE = CpuEngine(level=3)
@@ -101,6 +109,28 @@ def test_float_planes_beat_plain_zstd_on_weights():
     plain = ENGINE.encode(weights, [Region(len(weights), ElementKind.BYTES)])
     assert planes.transform == Transform.PLANES
     assert len(planes.payload) < 0.95 * len(plain.payload)
+
+
+def test_float_planes_are_standard_zstd_frames_one_per_sub_block():
+    """Each frame decodes alone with any zstd (the portable format), to its sub-block of the plane."""
+    rng = np.random.default_rng(4)
+    weights = (rng.standard_normal(1 << 19) * 0.02).astype(np.float32).tobytes()
+    encoded = ENGINE.encode(weights, [Region(len(weights), ElementKind.FP32)])
+    (region,) = parse_params(encoded.params, len(weights), len(encoded.payload))
+    expected = to_planes(memoryview(weights), ElementKind.FP32)
+    framed, start = 0, 0
+    for plane, plane_bytes in zip(region.planes, expected, strict=True):
+        if plane.codec == Codec.ZSTD_FRAMES:
+            framed += 1
+            assert len(plane.frame_lengths) == -(-len(plane_bytes) // FRAME_SIZE)
+            for index, stored in enumerate(plane.frame_lengths):
+                frame = bytes(encoded.payload[start : start + stored])
+                sub_block = plane_bytes[index * FRAME_SIZE : (index + 1) * FRAME_SIZE].tobytes()
+                assert zstd.ZstdDecompressor().decompress(frame, max_output_size=FRAME_SIZE) == sub_block
+                start += stored
+        else:
+            start += plane.stored
+    assert framed >= 1, "the exponent plane should be coded"
 
 
 def test_detection_picks_the_float_kind():
