@@ -9,6 +9,7 @@ is far cheaper than an fsync per chunk.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 _TMP = ".tmp"
 _ALIGN = 4096  # O_DIRECT offsets, lengths and memory: a multiple of the device's block size
 _DIRECT_MIN = 1 << 20  # smaller objects go through the page cache
+_RENAME_ATTEMPTS = 10  # a directory pruned under a put each time (see _rename_into_place)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -109,16 +111,18 @@ class DirectoryBackend(Backend):
     def _rename_into_place(tmp: Path, target: Path) -> None:
         """Rename, making the target's directories first only when they are missing.
 
-        Most chunk directories exist already: trying first saves a mkdir per object. A
-        directory that garbage collection prunes meanwhile is made again on the retry.
+        Most chunk directories exist already: trying first saves a mkdir per object. A delete
+        prunes directories it empties, so one may vanish between the mkdir and the rename, or
+        inside the mkdir (which then reports it as existing): both are retried.
         """
-        for _ in range(3):
+        for _ in range(_RENAME_ATTEMPTS):
             try:
                 os.replace(tmp, target)
                 return
             except FileNotFoundError:
                 if not os.path.exists(tmp):
                     raise
+            with contextlib.suppress(FileExistsError, FileNotFoundError):
                 target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, target)
 
@@ -127,7 +131,7 @@ class DirectoryBackend(Backend):
         try:
             return self._open_new(path, direct)
         except FileNotFoundError:
-            self._tmp.mkdir(exist_ok=True)  # made at mount; made again if someone removed it
+            self._tmp.mkdir(exist_ok=True)  # made by the first put, and again if it was removed
             return self._open_new(path, direct)
 
     def _open_new(self, path: Path, direct: bool) -> _OpenFile:
