@@ -43,6 +43,7 @@ from nvfs.codec.planes import (
     pack_params,
     parse_params,
     planes_or_raw,
+    sample_entropies,
 )
 
 log = logging.getLogger(__name__)
@@ -562,7 +563,7 @@ class GpuEngine:
         self._histograms((len(tested), 3), (256,), (planes_buffer, offsets, lengths, counts))
         self._wait()
         histograms = counts.get(stream=self._stream).reshape(len(tested), 256)
-        for plane, entropy in zip(tested, _entropies(histograms), strict=True):
+        for plane, entropy in zip(tested, sample_entropies(histograms), strict=True):
             plane.coded = entropy <= _RANDOM_BITS
 
     def _compress(self, planes_buffer: cp.ndarray, planes: list[_Plane]
@@ -661,14 +662,6 @@ class GpuEngine:
         table = _copy_pieces(np.asarray(segments, dtype=np.int64).reshape(-1, 3))
         pieces = table.shape[1]
         self._copy((pieces,), (_THREADS,), (source, target, cp.asarray(table.reshape(-1)), np.int32(pieces)))
-
-
-def _entropies(counts: np.ndarray) -> np.ndarray:
-    """:func:`~nvfs.codec.planes.sample_entropy` of each row of histograms, in one pass."""
-    probabilities = counts / counts.sum(axis=1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(probabilities > 0, probabilities * np.log2(probabilities), 0.0)
-    return -terms.sum(axis=1)
 
 
 def _copy_pieces(segments: np.ndarray) -> np.ndarray:

@@ -286,13 +286,18 @@ def looks_random(plane: np.ndarray) -> bool:
     """
     middle, last = len(plane) // 2, len(plane) - _SAMPLE
     sample = np.concatenate((plane[:_SAMPLE], plane[middle : middle + _SAMPLE], plane[last:]))
-    return sample_entropy(np.bincount(sample, minlength=256)) > _RANDOM_BITS
+    return float(sample_entropies(np.bincount(sample, minlength=256))) > _RANDOM_BITS
 
 
-def sample_entropy(counts: np.ndarray) -> float:
-    """Order-0 entropy in bits per byte of a histogram of byte values."""
-    probabilities = counts[counts > 0] / counts.sum()
-    return float(-(probabilities * np.log2(probabilities)).sum())
+def sample_entropies(counts: np.ndarray) -> np.ndarray:
+    """Order-0 entropy in bits per byte of each histogram of byte values (the last axis).
+
+    The GPU engine passes the histograms of a whole batch's planes at once.
+    """
+    probabilities = counts / counts.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(probabilities > 0, probabilities * np.log2(probabilities), 0.0)
+    return -terms.sum(axis=-1)
 
 
 def check_regions(data_length: int, regions: Sequence[Region]) -> None:
