@@ -115,8 +115,8 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
     # A thread that gives up the GIL for a moment (a read of /dev/fuse, a zstd or numpy call)
     # waits up to the switch interval to get it back from a thread running Python. The FUSE
     # thread and the workers do that thousands of times a second: at the default 5 ms a
-    # worker coding a chunk next to a busy Python thread took 206 ms instead of 6 (0.2 ms:
-    # 15 ms), and benchmarks/write.py's nvfs dir save took 4.86 s instead of 4.51 (3 runs each).
+    # worker coding a chunk next to a busy Python thread took 206 ms instead of about 7
+    # (0.1 ms: 15 ms), and benchmarks/write.py's nvfs dir save took 4.86 s instead of 4.51 (3 runs each).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     store.backend.start_background()
     vfs = Vfs(store, options.vfs)

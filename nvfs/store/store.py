@@ -149,7 +149,10 @@ class Store:
         self.engine = engine
         self.disk_cache = disk_cache
         self.superblock = superblock
-        self.digest_of = chunk_hash(superblock.get("hash", "sha256"))
+        try:
+            self.digest_of = chunk_hash(superblock.get("hash", "sha256"))
+        except KeyError as exc:
+            raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY}: {exc.args[0]}") from None
         # On a shared backend another mount may be about to name a chunk that no manifest
         # names yet: only chunks older than the grace period are collected there.
         self.gc_grace = gc_grace if gc_grace is not None else (SHARED_GC_GRACE if backend.shared else 0.0)
@@ -180,12 +183,9 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
-        try:
-            chunk_hash(superblock.get("hash", "sha256"))
-        except KeyError as exc:
-            raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY}: {exc.args[0]}") from None
+        store = cls(backend, engine, superblock, gc_grace, disk_cache)  # refuses an unknown hash
         backend.discard_incomplete()
-        return cls(backend, engine, superblock, gc_grace, disk_cache)
+        return store
 
     @staticmethod
     def _initialise(backend: Backend) -> dict:
