@@ -22,7 +22,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
+from nvfs.codec.gpu_huffman import FRAME_CAPACITY, Frames, HuffmanFrames
 from nvfs.codec.planes import (
     FRAME_SIZE,
     ITEM_SIZE,
@@ -39,7 +40,6 @@ from nvfs.codec.planes import (
     RegionEntry,
     check_regions,
     detect_regions,
-    frame_count,
     pack_params,
     parse_params,
     planes_or_raw,
@@ -207,35 +207,32 @@ __global__ void copy_segments(const unsigned char* src, unsigned char* dst, cons
     for (long long k = done + threadIdx.x; k < n; k += blockDim.x) out[k] = in[k];
 }
 
-// Grid (planes, 3): byte histogram of the start, middle and end 4 KiB of each plane, the
-// samples the CPU engine's raw test looks at.
-__global__ void sample_histograms(const unsigned char* planes, const long long* plane_offset,
-                                  const long long* plane_length, unsigned int* counts) {
-    __shared__ unsigned int local[256];
-    int plane = blockIdx.x;
-    local[threadIdx.x] = 0;
-    __syncthreads();
-    long long n = plane_length[plane];
-    long long start = blockIdx.y == 0 ? 0 : (blockIdx.y == 1 ? n / 2 : n - 4096);
-    const unsigned char* sample = planes + plane_offset[plane] + start;
-    for (int k = threadIdx.x; k < 4096; k += blockDim.x) atomicAdd(&local[sample[k]], 1u);
-    __syncthreads();
-    atomicAdd(&counts[plane * 256 + threadIdx.x], local[threadIdx.x]);
-}
 }
 """
 
 
 @dataclass
-class _Plane:
-    """One plane of a batch: where it lies in the plane buffer and how it ends up stored."""
+class _Coded:
+    """Where the frames of a batch's planes were coded to (frame ``f`` of :class:`Frames`).
 
-    offset: int
-    length: int
-    codec: Codec  # the coder of its frames, if coding it pays
-    coded: bool = False
-    first_frame: int = 0  # index of its first frame among the frames of its coder
-    frames: int = 0
+    ``output[f]`` indexes ``outputs`` (-1: the frame's plane is stored raw, being near-random);
+    the frame's coded bytes lie at ``offset[f]`` there, ``length[f]`` long.
+    """
+
+    outputs: list
+    output: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+
+
+@dataclass
+class _Job:
+    """Frames handed to one coder: its output (frame ``i`` at ``i * capacity``) and, once the
+    GPU is done, each frame's coded length."""
+
+    output: cp.ndarray
+    capacity: int
+    lengths: Callable[[], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -386,7 +383,7 @@ class GpuEngine:
         self._split = module.get_function("split_planes")
         self._merge = module.get_function("merge_planes")
         self._copy = module.get_function("copy_segments")
-        self._histograms = module.get_function("sample_histograms")
+        self._huffman = HuffmanFrames()
         # Every coder works on our stream, so its work is ordered with our kernels (the arrays'
         # stream alone does not order nvCOMP's output before our next kernel). The coders are
         # freed before the stream (see _dispatch). uncomp_chunk_size: the largest frame a coder
@@ -433,15 +430,12 @@ class GpuEngine:
                           ) -> tuple[list[bytes], cp.ndarray, list[int]]:
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         self._launch(self._split, data, planes_buffer, layout)
-        planes = self._planes_of(layout)
-        self._choose_coded(planes_buffer, planes)
-        frames, compressed = self._compress(planes_buffer, planes)
-        return self._assemble(planes_buffer, planes, layout, frames, compressed)
-
-    def _planes_of(self, layout: _Layout) -> list[_Plane]:
-        return [_Plane(placed.plane_start(index), placed.plane_length, self.codec)
-                for chunk_regions in layout.regions for placed in chunk_regions
-                for index in range(ITEM_SIZE[placed.kind])]
+        planes = np.array([(placed.plane_start(index), placed.plane_length)
+                           for chunk_regions in layout.regions for placed in chunk_regions
+                           for index in range(ITEM_SIZE[placed.kind])], dtype=np.int64).reshape(-1, 2)
+        frames, bounds = _plane_frames(planes)
+        coded = self._code(planes_buffer, planes[:, 1], frames, bounds)
+        return self._assemble(planes_buffer, layout, planes, bounds, coded)
 
     def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[memoryview]:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
@@ -550,92 +544,106 @@ class GpuEngine:
         regions = np.int32(len(layout.tables[0]))
         kernel((blocks,), (_THREADS,), (source, target, *layout.tables, regions, np.int64(layout.values)))
 
-    def _choose_coded(self, planes_buffer: cp.ndarray, planes: list[_Plane]) -> None:
-        """Mark the planes worth coding: all but near-random ones (the CPU engine's sample test)."""
-        tested = [plane for plane in planes if plane.length >= 4 * _SAMPLE]
-        for plane in planes:
-            plane.coded = plane.length > 0
-        if not tested:
-            return
-        counts = cp.zeros(len(tested) * 256, dtype=cp.uint32)
-        offsets = cp.asarray([plane.offset for plane in tested], dtype=cp.int64)
-        lengths = cp.asarray([plane.length for plane in tested], dtype=cp.int64)
-        self._histograms((len(tested), 3), (256,), (planes_buffer, offsets, lengths, counts))
+    def _code(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
+              bounds: np.ndarray) -> _Coded:
+        """Code the frames worth coding, each coder's share in one launch, and wait once."""
+        count = len(frames.start)
+        coded = _Coded([], np.full(count, -1), np.zeros(count, dtype=np.int64),
+                       np.zeros(count, dtype=np.int64))
+        if not count:
+            return coded
+        if self.codec == Codec.ANS:
+            jobs = [(np.arange(count), self._nvcomp_job(Codec.ANS, planes_buffer, frames))]
+        else:
+            jobs = self._portable_jobs(planes_buffer, lengths, frames, bounds)
+        for index, (chosen, job) in enumerate(jobs):
+            coded.outputs.append(job.output)
+            coded.output[chosen] = index
+            coded.offset[chosen] = np.arange(len(chosen)) * job.capacity
         self._wait()
-        histograms = counts.get(stream=self._stream).reshape(len(tested), 256)
-        for plane, entropy in zip(tested, sample_entropies(histograms), strict=True):
-            plane.coded = entropy <= _RANDOM_BITS
+        for chosen, job in jobs:
+            coded.length[chosen] = job.lengths()
+        return coded
 
-    def _compress(self, planes_buffer: cp.ndarray, planes: list[_Plane]
-                  ) -> tuple[dict[Codec, tuple[int, list[int]]], cp.ndarray]:
-        """Code every frame of the coded planes, one nvCOMP call per coder.
-
-        Returns, per coder, where its frames start in the output (frame ``i`` at that base plus
-        ``i`` times the coder's capacity) and each frame's coded length; and the output.
+    def _portable_jobs(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
+                       bounds: np.ndarray) -> list[tuple[np.ndarray, _Job]]:
+        """The portable format: planes that are not near-random (the CPU engine's entropy test,
+        on whole planes here, whose byte counts the Huffman tables need anyway) are coded as
+        Huffman-only zstd frames where those can describe them, by nvCOMP's Zstd where not.
         """
-        groups: dict[Codec, tuple[list[int], list[int]]] = {}
-        for plane in planes:
-            if not plane.coded:
-                continue
-            offsets, sizes = groups.setdefault(plane.codec, ([], []))
-            plane.first_frame, plane.frames = len(sizes), frame_count(plane.length, FRAME_SIZE)
-            starts = range(plane.offset, plane.offset + plane.length, FRAME_SIZE)
-            offsets.extend(starts)
-            sizes.extend(min(FRAME_SIZE, plane.offset + plane.length - start) for start in starts)
-        bases, total = {}, 0
-        for codec, (_, sizes) in groups.items():
-            bases[codec] = total
-            total += len(sizes) * self._capacity[codec]
-        compressed = cp.empty(total, dtype=cp.uint8)
-        frames: dict[Codec, tuple[int, list[int]]] = {}
-        for codec, (offsets, sizes) in groups.items():
-            capacity = self._capacity[codec]
-            sources = nvcomp.as_arrays(planes_buffer, offsets, sizes, self._stream.ptr)
-            starts = [bases[codec] + index * capacity for index in range(len(sizes))]
-            targets = nvcomp.as_arrays(compressed, starts, [capacity] * len(sizes), self._stream.ptr)
-            coded = self._coders[codec].encode(sources, out=targets)
-            self._wait()
-            frames[codec] = (bases[codec], batch_sizes(coded))
-        return frames, compressed
+        counted = self._huffman.histograms(planes_buffer, frames)
+        self._wait()
+        frame_counts = counted.get()
+        plane_counts = np.zeros((len(lengths), 256), dtype=np.int64)
+        filled = np.flatnonzero(np.diff(bounds))
+        plane_counts[filled] = np.add.reduceat(frame_counts, bounds[filled], axis=0)
+        worth = np.zeros(len(lengths), dtype=bool)
+        entropies = sample_entropies(plane_counts[filled])
+        worth[filled] = (lengths[filled] < 4 * _SAMPLE) | (entropies <= _RANDOM_BITS)
+        huffman = worth & HuffmanFrames.codes(plane_counts)
+        jobs = []
+        mine = np.flatnonzero(huffman[frames.plane])
+        if len(mine):
+            output, sizes = self._huffman.encode(planes_buffer, frames.subset(mine), frame_counts[mine],
+                                                 plane_counts)
+            jobs.append((mine, _Job(output, FRAME_CAPACITY, sizes.get)))
+        theirs = np.flatnonzero((worth & ~huffman)[frames.plane])
+        if len(theirs):
+            jobs.append((theirs, self._nvcomp_job(Codec.ZSTD_FRAMES, planes_buffer, frames.subset(theirs))))
+        return jobs
 
-    def _assemble(self, planes_buffer: cp.ndarray, planes: list[_Plane], layout: _Layout,
-                  frames: dict[Codec, tuple[int, list[int]]], compressed: cp.ndarray
-                  ) -> tuple[list[bytes], cp.ndarray, list[int]]:
+    def _nvcomp_job(self, codec: Codec, planes_buffer: cp.ndarray, frames: Frames) -> _Job:
+        """Code frames with one nvCOMP call; frame ``i`` goes to ``i`` times the coder's capacity."""
+        capacity, count = self._capacity[codec], len(frames.start)
+        output = cp.empty(count * capacity, dtype=cp.uint8)
+        sources = nvcomp.as_arrays(planes_buffer, frames.start.tolist(), frames.size.tolist(),
+                                   self._stream.ptr)
+        targets = nvcomp.as_arrays(output, (np.arange(count) * capacity).tolist(), [capacity] * count,
+                                   self._stream.ptr)
+        batch = self._coders[codec].encode(sources, out=targets)
+        return _Job(output, capacity, lambda: batch_sizes(batch))
+
+    def _assemble(self, planes_buffer: cp.ndarray, layout: _Layout, planes: np.ndarray, bounds: np.ndarray,
+                  coded: _Coded) -> tuple[list[bytes], cp.ndarray, list[int]]:
         """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer."""
         raw_segments: list[tuple[int, int, int]] = []
-        frame_segments: list[tuple[int, int, int]] = []
-        params, offsets, cursor, plane_iter = [], [0], 0, iter(planes)
+        frame_segments: list[list[np.ndarray]] = [[] for _ in coded.outputs]
+        params, offsets, cursor, plane = [], [0], 0, 0
         for chunk_regions in layout.regions:
             entries = []
             for placed in chunk_regions:
                 plane_entries = []
                 for _ in range(ITEM_SIZE[placed.kind]):
-                    plane = next(plane_iter)
-                    entry = self._place_plane(plane, frames, cursor, raw_segments, frame_segments)
+                    frames = slice(bounds[plane], bounds[plane + 1])
+                    entry = self._place_plane(planes[plane], frames, coded, cursor, raw_segments,
+                                              frame_segments)
                     plane_entries.append(entry)
                     cursor += entry.stored
+                    plane += 1
                 entries.append(RegionEntry(placed.kind, placed.length, tuple(plane_entries)))
             params.append(pack_params(entries))
             offsets.append(cursor)
         payload = cp.empty(cursor, dtype=cp.uint8)
         self._copy_segments(planes_buffer, payload, raw_segments)
-        self._copy_segments(compressed, payload, frame_segments)
+        for output, segments in zip(coded.outputs, frame_segments, strict=True):
+            if segments:
+                self._copy_segments(output, payload, np.concatenate(segments))
         return params, payload, offsets
 
-    def _place_plane(self, plane: _Plane, frames: dict[Codec, tuple[int, list[int]]], cursor: int,
-                     raw_segments: list, frame_segments: list) -> PlaneEntry:
-        """Where one plane's stored bytes come from (its frames, or itself when coding did not pay)."""
-        if plane.coded:
-            base, lengths = frames[plane.codec]
-            own = lengths[plane.first_frame : plane.first_frame + plane.frames]
-            if sum(own) < plane.length:
-                capacity, target = self._capacity[plane.codec], cursor
-                for index, length in enumerate(own, plane.first_frame):
-                    frame_segments.append((base + index * capacity, target, length))
-                    target += length
-                return PlaneEntry(plane.codec, sum(own), FRAME_SIZE, tuple(own))
-        raw_segments.append((plane.offset, cursor, plane.length))
-        return PlaneEntry(Codec.RAW, plane.length)
+    def _place_plane(self, plane: np.ndarray, frames: slice, coded: _Coded, cursor: int,
+                     raw_segments: list, frame_segments: list[list[np.ndarray]]) -> PlaneEntry:
+        """Where one plane's stored bytes come from: its frames, or itself when coding did not pay."""
+        offset, length = int(plane[0]), int(plane[1])
+        output = coded.output[frames]
+        if len(output) and output[0] >= 0:
+            own = coded.length[frames]
+            stored = int(own.sum())
+            if stored < length:
+                targets = cursor + np.cumsum(own) - own
+                frame_segments[output[0]].append(np.stack((coded.offset[frames], targets, own), axis=1))
+                return PlaneEntry(self.codec, stored, FRAME_SIZE, tuple(own.tolist()))
+        raw_segments.append((offset, cursor, length))
+        return PlaneEntry(Codec.RAW, length)
 
     def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
                     frames: list[tuple[int, int, int, int]]) -> None:
@@ -675,6 +683,18 @@ def _copy_pieces(segments: np.ndarray) -> np.ndarray:
     skip = (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)) * COPY_PIECE
     return np.stack((segments[owner, 0] + skip, segments[owner, 1] + skip,
                      np.minimum(lengths[owner] - skip, COPY_PIECE)))
+
+
+def _plane_frames(planes: np.ndarray) -> tuple[Frames, np.ndarray]:
+    """The frames of planes (rows: offset and length in the plane buffer), and the bounds of
+    each plane's frames among them (``bounds[p]:bounds[p + 1]``)."""
+    offsets, lengths = planes[:, 0], planes[:, 1]
+    counts = -(-lengths // FRAME_SIZE)
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    plane = np.repeat(np.arange(len(planes)), counts)
+    index = np.arange(bounds[-1]) - bounds[plane]
+    sizes = np.minimum(FRAME_SIZE, lengths[plane] - index * FRAME_SIZE)
+    return Frames(offsets[plane] + index * FRAME_SIZE, sizes, plane), bounds
 
 
 def _request_bytes(request: tuple) -> int:

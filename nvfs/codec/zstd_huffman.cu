@@ -1,0 +1,288 @@
+// Standard zstd frames whose one block is Huffman-coded literals and no sequences, made on the GPU.
+//
+// Float exponent planes have no repeats worth matching; all zstd gains on them comes from its
+// Huffman stage. nvCOMP's Zstd searches for matches anyway and runs at a few GB/s; these
+// kernels only count, build a Huffman table per plane and code each frame's four literal
+// streams, one thread per stream. The frames are ordinary zstd frames (RFC 8878): any zstd
+// decoder, the CPU engine's and nvCOMP's included, reads them.
+//
+// One frame per sub-block of a plane, laid out as
+//   magic | descriptor 0xA0 (single segment, 4-byte content size) | content size |
+//   block header | literals header (4 streams, 18-bit sizes) | tree description |
+//   jump table | 4 streams | sequences header (0 sequences)
+// or, where coding does not pay, a raw block; a frame of one repeated byte is an RLE block.
+//
+// Device functions are also host functions, so that a host build can check the format
+// against the reference decoder.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define HUF_MAX_BITS 11            // the longest code zstd allows
+#define HUF_DIRECT_SYMBOLS 129     // the direct weight representation covers symbols 0..128
+#define DESCRIPTION_STRIDE 80      // bytes per table in the descriptions array (at most 65 used)
+#define FRAME_HEAD 12              // magic, descriptor, content size, block header
+#define LITERALS_HEADER 5
+#define JUMP_TABLE 6
+#define MIN_CODED 256              // smaller frames are stored raw
+#define MODE_RAW 0
+#define MODE_RLE 1
+#define MODE_HUFFMAN 2
+
+__host__ __device__ static void put_le(u8* out, u64 value, int bytes) {
+    for (int k = 0; k < bytes; k++) out[k] = (u8)(value >> (8 * k));
+}
+
+// Code lengths (0: absent) of an optimal prefix code for `counts`, at most HUF_MAX_BITS long:
+// Huffman's two-queue construction on the sorted counts, the counts halved until the longest
+// code fits (the tail of rare symbols flattens; the frequent ones keep their lengths). Returns
+// the longest length, or 0 when fewer than two symbols occur.
+__host__ __device__ static int huffman_lengths(const u32* counts, u8* lengths) {
+    u16 symbol[256];
+    u32 weight[511];
+    u16 parent[511];
+    u8 depth[511];
+    int n = 0;
+    for (int s = 0; s < 256; s++) {
+        lengths[s] = 0;
+        if (counts[s]) symbol[n++] = (u16)s;
+    }
+    if (n < 2) return 0;
+    for (int i = 1; i < n; i++) {  // insertion sort by count, ascending
+        u16 s = symbol[i];
+        int j = i - 1;
+        while (j >= 0 && counts[symbol[j]] > counts[s]) {
+            symbol[j + 1] = symbol[j];
+            j--;
+        }
+        symbol[j + 1] = s;
+    }
+    for (int shift = 0; shift < 32; shift++) {
+        for (int i = 0; i < n; i++) {
+            u32 scaled = counts[symbol[i]] >> shift;
+            weight[i] = scaled ? scaled : 1;  // monotone: the order stays sorted
+        }
+        int leaf = 0, inner = n, next = n;
+        for (int k = 0; k < n - 1; k++) {
+            int pick[2];
+            for (int t = 0; t < 2; t++) {
+                if (leaf < n && (inner >= next || weight[leaf] <= weight[inner])) pick[t] = leaf++;
+                else pick[t] = inner++;
+            }
+            weight[next] = weight[pick[0]] + weight[pick[1]];
+            parent[pick[0]] = parent[pick[1]] = (u16)next;
+            next++;
+        }
+        depth[2 * n - 2] = 0;
+        int longest = 0;
+        for (int i = 2 * n - 3; i >= 0; i--) {
+            depth[i] = depth[parent[i]] + 1;
+            if (i < n && depth[i] > longest) longest = depth[i];
+        }
+        if (longest <= HUF_MAX_BITS) {
+            for (int i = 0; i < n; i++) lengths[symbol[i]] = depth[i];
+            return longest;
+        }
+    }
+    return 0;  // not reached: equal weights give at most 8 bits
+}
+
+// The coding table (code | length << 16 per symbol, 0 for absent ones) and the zstd tree
+// description (direct 4-bit weights) for `counts`. Returns the description's length, or 0
+// when the counts cannot be described so (one symbol only, or a symbol above 128).
+__host__ __device__ static int huffman_table(const u32* counts, u32* table, u8* description) {
+    u8 lengths[256];
+    int max_bits = huffman_lengths(counts, lengths);
+    for (int s = 0; s < 256; s++) table[s] = 0;
+    if (max_bits == 0) return 0;
+    int last = 255;
+    while (!lengths[last]) last--;
+    if (last >= HUF_DIRECT_SYMBOLS) return 0;
+    // Canonical codes: by weight (longest codes first), then by symbol value.
+    u32 slot = 0;
+    for (int bits = max_bits; bits >= 1; bits--) {
+        for (int s = 0; s <= last; s++) {
+            if (lengths[s] != bits) continue;
+            table[s] = (slot >> (max_bits - bits)) | ((u32)bits << 16);
+            slot += 1u << (max_bits - bits);
+        }
+    }
+    // The last symbol's weight is implied by the others.
+    description[0] = (u8)(127 + last);
+    for (int s = 0; s < last; s += 2) {
+        u8 high = lengths[s] ? (u8)(max_bits + 1 - lengths[s]) : 0;
+        u8 low = (s + 1 < last && lengths[s + 1]) ? (u8)(max_bits + 1 - lengths[s + 1]) : 0;
+        description[1 + s / 2] = (u8)(high << 4 | low);
+    }
+    return 1 + (last + 1) / 2;
+}
+
+// Appends one symbol's code to the bit buffer, moving whole 32-bit words out (4-byte aligned).
+__host__ __device__ static inline void put_code(u32 entry, u64* bits, int* used, u8* out, u32* written) {
+    *bits |= (u64)(entry & 0xFFFF) << *used;
+    *used += entry >> 16;
+    if (*used >= 32) {
+        *(u32*)(out + *written) = (u32)*bits;
+        *written += 4;
+        *bits >>= 32;
+        *used -= 32;
+    }
+}
+
+// Huffman-code in[0, count) into out (4-byte aligned) as zstd writes a literal stream: the last
+// symbol first, bits filled from the least significant end, closed by a 1 bit. Returns its length.
+__host__ __device__ static u32 encode_stream(const u8* in, long long count, const u32* table, u8* out) {
+    u64 bits = 0;
+    int used = 0;
+    u32 written = 0;
+    long long i = count;
+    if (((u64)in & 3) == 0) {  // whole words from the end, once the odd tail is done
+        while (i & 3) put_code(table[in[--i]], &bits, &used, out, &written);
+        for (; i > 0; i -= 4) {
+            u32 word = *(const u32*)(in + i - 4);
+            for (int b = 3; b >= 0; b--) put_code(table[(word >> (8 * b)) & 0xFF], &bits, &used, out, &written);
+        }
+    }
+    while (i > 0) put_code(table[in[--i]], &bits, &used, out, &written);
+    bits |= 1ull << used;  // the end mark; then at most 4 bytes remain
+    used += 1;
+    while (used > 0) {
+        out[written++] = (u8)bits;
+        bits >>= 8;
+        used -= 8;
+    }
+    return written;
+}
+
+// Where stream `s` (0-3) of a frame of `size` bytes starts and how long it is (RFC 8878).
+__host__ __device__ static void stream_span(long long size, int s, long long* start, long long* count) {
+    long long segment = (size + 3) / 4;
+    long long first = s * segment, end = first + segment < size ? first + segment : size;
+    *start = first;
+    *count = end > first ? end - first : 0;
+}
+
+// Writes a frame's headers (and an RLE frame's byte); returns its mode, and through `head` and
+// `length` where the copied part starts and how long the frame is.
+__host__ __device__ static int frame_head(u8* frame, u32 size, int symbol, const u8* description,
+                                          int description_length, const u32* streams, u32* head,
+                                          u32* length) {
+    put_le(frame, 0xFD2FB528u, 4);
+    frame[4] = 0xA0;  // content size in 4 bytes, single segment, no checksum, no dictionary
+    put_le(frame + 5, size, 4);
+    u32 literals = description_length + JUMP_TABLE + streams[0] + streams[1] + streams[2] + streams[3];
+    u32 block = LITERALS_HEADER + literals + 1;
+    if (symbol >= 0) {
+        put_le(frame + 9, 1u | (1u << 1) | (size << 3), 3);
+        frame[FRAME_HEAD] = (u8)symbol;
+        *head = *length = FRAME_HEAD + 1;
+        return MODE_RLE;
+    }
+    if (description_length == 0 || size < MIN_CODED || block >= size) {
+        put_le(frame + 9, 1u | (size << 3), 3);
+        *head = FRAME_HEAD;
+        *length = FRAME_HEAD + size;
+        return MODE_RAW;
+    }
+    put_le(frame + 9, 1u | (2u << 1) | (block << 3), 3);
+    u8* section = frame + FRAME_HEAD;
+    put_le(section, 2u | (3u << 2) | ((u64)size << 4) | ((u64)literals << 22), LITERALS_HEADER);
+    for (int k = 0; k < description_length; k++) section[LITERALS_HEADER + k] = description[k];
+    u8* jump = section + LITERALS_HEADER + description_length;
+    for (int k = 0; k < 3; k++) put_le(jump + 2 * k, streams[k], 2);
+    *head = FRAME_HEAD + LITERALS_HEADER + description_length + JUMP_TABLE;
+    *length = FRAME_HEAD + block;
+    frame[*length - 1] = 0;  // no sequences: the block is its literals
+    return MODE_HUFFMAN;
+}
+
+extern "C" {
+
+// One block of 256 threads per frame: its byte histogram (a sub-histogram per warp in shared
+// memory, as a skewed plane makes every thread of a warp hit the same few counters).
+__global__ void frame_histograms(const u8* planes, const long long* frame_start, const int* frame_size,
+                                 u32* counts) {
+    __shared__ u32 local[8][256];
+    for (int k = threadIdx.x; k < 8 * 256; k += blockDim.x) local[k / 256][k % 256] = 0;
+    __syncthreads();
+    u32* mine = local[threadIdx.x / 32];
+    const u8* in = planes + frame_start[blockIdx.x];
+    long long n = frame_size[blockIdx.x];
+    long long words = ((u64)in & 3) == 0 ? n / 4 : 0;
+    for (long long k = threadIdx.x; k < words; k += blockDim.x) {
+        u32 word = ((const u32*)in)[k];
+        atomicAdd(&mine[word & 0xFF], 1u);
+        atomicAdd(&mine[(word >> 8) & 0xFF], 1u);
+        atomicAdd(&mine[(word >> 16) & 0xFF], 1u);
+        atomicAdd(&mine[word >> 24], 1u);
+    }
+    for (long long k = words * 4 + threadIdx.x; k < n; k += blockDim.x) atomicAdd(&mine[in[k]], 1u);
+    __syncthreads();
+    for (int s = threadIdx.x; s < 256; s += blockDim.x) {
+        u32 sum = 0;
+        for (int w = 0; w < 8; w++) sum += local[w][s];
+        counts[(long long)blockIdx.x * 256 + s] = sum;
+    }
+}
+
+// One thread per table: coding table and tree description from its counts.
+__global__ void build_tables(const u32* counts, int tables, u32* table, u8* descriptions,
+                             int* description_length) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= tables) return;
+    description_length[t] = huffman_table(counts + 256LL * t, table + 256LL * t,
+                                          descriptions + (long long)DESCRIPTION_STRIDE * t);
+}
+
+// One thread per stream (four per frame) of the frames to code (symbol < 0).
+__global__ void encode_streams(const u8* planes, const long long* frame_start, const int* frame_size,
+                               const int* frame_table, const int* frame_symbol, const u32* table,
+                               u8* streams, long long stream_capacity, u32* stream_length, int frames) {
+    long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (k >= 4LL * frames) return;
+    int f = (int)(k / 4);
+    if (frame_symbol[f] >= 0 || frame_size[f] < MIN_CODED) {
+        stream_length[k] = 0;
+        return;
+    }
+    long long start, count;
+    stream_span(frame_size[f], (int)(k % 4), &start, &count);
+    stream_length[k] = encode_stream(planes + frame_start[f] + start, count, table + 256LL * frame_table[f],
+                                     streams + k * stream_capacity);
+}
+
+// One block per frame: headers by thread 0, then the streams (or the raw bytes) copied after.
+__global__ void assemble_frames(const u8* planes, const long long* frame_start, const int* frame_size,
+                                const int* frame_table, const int* frame_symbol, const u8* descriptions,
+                                const int* description_length, const u8* streams, long long stream_capacity,
+                                const u32* stream_length, u8* out, long long frame_capacity,
+                                u32* frame_length) {
+    __shared__ int mode;
+    __shared__ u32 head, length;
+    int f = blockIdx.x;
+    u8* frame = out + (long long)f * frame_capacity;
+    const u32* lengths = stream_length + 4LL * f;
+    if (threadIdx.x == 0) {
+        int t = frame_table[f];
+        mode = frame_head(frame, (u32)frame_size[f], frame_symbol[f],
+                          descriptions + (long long)DESCRIPTION_STRIDE * t, description_length[t], lengths,
+                          &head, &length);
+        frame_length[f] = length;
+    }
+    __syncthreads();
+    if (mode == MODE_RAW) {
+        const u8* in = planes + frame_start[f];
+        for (u32 k = threadIdx.x; k < length - head; k += blockDim.x) frame[head + k] = in[k];
+    } else if (mode == MODE_HUFFMAN) {
+        u32 at = head;
+        for (int s = 0; s < 4; s++) {
+            const u8* in = streams + (4LL * f + s) * stream_capacity;
+            for (u32 k = threadIdx.x; k < lengths[s]; k += blockDim.x) frame[at + k] = in[k];
+            at += lengths[s];
+        }
+    }
+}
+
+}
