@@ -43,7 +43,6 @@ from nvfs.codec.planes import (
     pack_params,
     parse_params,
     planes_or_raw,
-    sample_entropies,
 )
 
 log = logging.getLogger(__name__)
@@ -571,21 +570,16 @@ class GpuEngine:
         on whole planes here, whose byte counts the Huffman tables need anyway) are coded as
         Huffman-only zstd frames where those can describe them, by nvCOMP's Zstd where not.
         """
-        counted = self._huffman.histograms(planes_buffer, frames)
+        counts = self._huffman.count(planes_buffer, frames, bounds)
         self._wait()
-        frame_counts = counted.get()
-        plane_counts = np.zeros((len(lengths), 256), dtype=np.int64)
-        filled = np.flatnonzero(np.diff(bounds))
-        plane_counts[filled] = np.add.reduceat(frame_counts, bounds[filled], axis=0)
-        worth = np.zeros(len(lengths), dtype=bool)
-        entropies = sample_entropies(plane_counts[filled])
-        worth[filled] = (lengths[filled] < 4 * _SAMPLE) | (entropies <= _RANDOM_BITS)
-        huffman = worth & HuffmanFrames.codes(plane_counts)
+        summary = counts.summary.get()
+        worth = (np.diff(bounds) > 0) & ((lengths < 4 * _SAMPLE) | (summary[:, 0] <= _RANDOM_BITS))
+        huffman = worth & HuffmanFrames.codes(summary)
         jobs = []
         mine = np.flatnonzero(huffman[frames.plane])
         if len(mine):
-            output, sizes = self._huffman.encode(planes_buffer, frames.subset(mine), frame_counts[mine],
-                                                 plane_counts)
+            output, sizes = self._huffman.encode(planes_buffer, frames.subset(mine), mine, counts,
+                                                 np.flatnonzero(huffman))
             jobs.append((mine, _Job(output, FRAME_CAPACITY, sizes.get)))
         theirs = np.flatnonzero((worth & ~huffman)[frames.plane])
         if len(theirs):

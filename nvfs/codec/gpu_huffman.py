@@ -22,7 +22,8 @@ from nvfs.codec.planes import FRAME_SIZE
 
 _THREADS = 256
 _TABLE_THREADS = 32
-_DESCRIPTION_STRIDE = 80  # must match DESCRIPTION_STRIDE in zstd_huffman.cu
+_DESCRIPTION_STRIDE = 80  # these two must match DESCRIPTION_STRIDE and LANES in zstd_huffman.cu
+_LANES = 64
 _DIRECT_SYMBOLS = 129  # byte values 0..128: what the direct weight format describes
 _ALIGN = 256
 
@@ -31,8 +32,7 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
 
 
-STREAM_CAPACITY = _aligned(-(-FRAME_SIZE // 4) * 11 // 8 + 8)  # 11-bit codes at most, plus the end
-FRAME_CAPACITY = _aligned(FRAME_SIZE + 64)  # a raw frame: 12 bytes of headers and the bytes
+FRAME_CAPACITY = _aligned(FRAME_SIZE + 64)  # the largest frame: raw, 12 bytes of headers and the bytes
 
 
 @dataclass
@@ -47,60 +47,64 @@ class Frames:
         return Frames(self.start[chosen], self.size[chosen], self.plane[chosen])
 
 
+@dataclass
+class Counts:
+    """Byte counts of a batch's frames and planes, on the device, and a summary of each plane."""
+
+    frames: cp.ndarray  # (frames, 256) uint32
+    planes: cp.ndarray  # (planes, 256) uint32
+    summary: cp.ndarray  # (planes, 3) float32: entropy in bits per byte, highest byte value, values seen
+
+
 class HuffmanFrames:
-    """The kernels of ``zstd_huffman.cu``, run on one CUDA stream (the caller's)."""
+    """The kernels of ``zstd_huffman.cu``, run on the caller's CUDA stream; nothing is waited for."""
 
     def __init__(self) -> None:
         source = resources.files("nvfs.codec").joinpath("zstd_huffman.cu").read_text()
         module = cp.RawModule(code=source)
         self._histograms = module.get_function("frame_histograms")
+        self._plane_counts = module.get_function("plane_counts")
         self._build = module.get_function("build_tables")
-        self._encode = module.get_function("encode_streams")
-        self._assemble = module.get_function("assemble_frames")
+        self._encode = module.get_function("encode_frames")
 
-    def histograms(self, planes: cp.ndarray, frames: Frames) -> cp.ndarray:
-        """Byte counts of every frame, one row of 256 per frame (on the device)."""
-        counts = cp.empty((len(frames.start), 256), dtype=cp.uint32)
+    def count(self, planes: cp.ndarray, frames: Frames, bounds: np.ndarray) -> Counts:
+        """Count the bytes of every frame and plane (plane ``p`` has frames ``bounds[p]:bounds[p + 1]``)."""
+        plane_count = len(bounds) - 1
+        counts = Counts(cp.empty((len(frames.start), 256), dtype=cp.uint32),
+                        cp.empty((plane_count, 256), dtype=cp.uint32),
+                        cp.empty((plane_count, 3), dtype=cp.float32))
         if len(frames.start):
             start, size = cp.asarray(frames.start), cp.asarray(frames.size, dtype=cp.int32)
-            self._histograms((len(frames.start),), (_THREADS,), (planes, start, size, counts))
+            self._histograms((len(frames.start),), (_THREADS,), (planes, start, size, counts.frames))
+        self._plane_counts((plane_count,), (256,),
+                           (counts.frames, cp.asarray(bounds), counts.planes, counts.summary))
         return counts
 
     @staticmethod
-    def codes(plane_counts: np.ndarray) -> np.ndarray:
-        """Which planes (rows of byte counts) this coder takes: one byte value, or none above 128."""
-        present = plane_counts > 0
-        highest = 255 - np.argmax(present[:, ::-1], axis=1)
-        return (present.sum(axis=1) == 1) | (highest < _DIRECT_SYMBOLS)
+    def codes(summary: np.ndarray) -> np.ndarray:
+        """Which planes (rows of :attr:`Counts.summary`) this coder takes: one byte value, or none
+        above 128."""
+        return (summary[:, 2] == 1) | (summary[:, 1] < _DIRECT_SYMBOLS)
 
-    def encode(self, planes: cp.ndarray, frames: Frames, frame_counts: np.ndarray,
-               plane_counts: np.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
-        """Code ``frames`` (whose planes :meth:`codes` takes; counts per frame and per plane).
+    def encode(self, planes: cp.ndarray, frames: Frames, frame_index: np.ndarray, counts: Counts,
+               chosen: np.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+        """Code ``frames`` (rows ``frame_index`` of the counts), all of planes ``chosen`` (ascending).
 
         Returns the output, frame ``i`` at ``i * FRAME_CAPACITY``, and each frame's length
-        (uint32, on the device); nothing is waited for.
+        (uint32, on the device).
         """
-        count = len(frames.start)
-        tables, table_of_frame = np.unique(frames.plane, return_inverse=True)
-        distinct = np.count_nonzero(frame_counts, axis=1)
-        symbol = np.where(distinct == 1, np.argmax(frame_counts, axis=1), -1).astype(np.int32)
-        start, size = cp.asarray(frames.start), cp.asarray(frames.size, dtype=cp.int32)
-        table_index, symbol = cp.asarray(table_of_frame.astype(np.int32)), cp.asarray(symbol)
-        table = cp.empty((len(tables), 256), dtype=cp.uint32)
-        descriptions = cp.empty((len(tables), _DESCRIPTION_STRIDE), dtype=cp.uint8)
-        description_length = cp.empty(len(tables), dtype=cp.int32)
-        self._build((-(-len(tables) // _TABLE_THREADS),), (_TABLE_THREADS,),
-                    (cp.asarray(plane_counts[tables].astype(np.uint32)), np.int32(len(tables)), table,
+        count, tables = len(frames.start), len(chosen)
+        table = cp.empty((tables, 256), dtype=cp.uint32)
+        descriptions = cp.empty((tables, _DESCRIPTION_STRIDE), dtype=cp.uint8)
+        description_length = cp.empty(tables, dtype=cp.int32)
+        self._build((-(-tables // _TABLE_THREADS),), (_TABLE_THREADS,),
+                    (counts.planes, cp.asarray(chosen.astype(np.int32)), np.int32(tables), table,
                      descriptions, description_length))
-        streams = cp.empty(4 * count * STREAM_CAPACITY, dtype=cp.uint8)
-        stream_length = cp.empty(4 * count, dtype=cp.uint32)
-        self._encode((-(-4 * count // _THREADS),), (_THREADS,),
-                     (planes, start, size, table_index, symbol, table, streams, np.int64(STREAM_CAPACITY),
-                      stream_length, np.int32(count)))
         out = cp.empty(count * FRAME_CAPACITY, dtype=cp.uint8)
         frame_length = cp.empty(count, dtype=cp.uint32)
-        self._assemble((count,), (_THREADS,),
-                       (planes, start, size, table_index, symbol, descriptions, description_length,
-                        streams, np.int64(STREAM_CAPACITY), stream_length, out, np.int64(FRAME_CAPACITY),
-                        frame_length))
+        frame_table = cp.asarray(np.searchsorted(chosen, frames.plane).astype(np.int32))
+        self._encode((count,), (4 * _LANES,),
+                     (planes, cp.asarray(frames.start), cp.asarray(frames.size, dtype=cp.int32),
+                      cp.asarray(frame_index.astype(np.int64)), counts.frames, frame_table, table,
+                      descriptions, description_length, out, np.int64(FRAME_CAPACITY), frame_length))
         return out, frame_length

@@ -3,7 +3,7 @@
 // Float exponent planes have no repeats worth matching; all zstd gains on them comes from its
 // Huffman stage. nvCOMP's Zstd searches for matches anyway and runs at a few GB/s; these
 // kernels only count, build a Huffman table per plane and code each frame's four literal
-// streams, one thread per stream. The frames are ordinary zstd frames (RFC 8878): any zstd
+// streams, many threads per stream. The frames are ordinary zstd frames (RFC 8878): any zstd
 // decoder, the CPU engine's and nvCOMP's included, reads them.
 //
 // One frame per sub-block of a plane, laid out as
@@ -30,6 +30,7 @@ typedef unsigned long long u64;
 #define MODE_RAW 0
 #define MODE_RLE 1
 #define MODE_HUFFMAN 2
+#define LANES 64                   // threads per stream in encode_frames
 
 __host__ __device__ static void put_le(u8* out, u64 value, int bytes) {
     for (int k = 0; k < bytes; k++) out[k] = (u8)(value >> (8 * k));
@@ -119,41 +120,45 @@ __host__ __device__ static int huffman_table(const u32* counts, u32* table, u8* 
     return 1 + (last + 1) / 2;
 }
 
-// Appends one symbol's code to the bit buffer, moving whole 32-bit words out (4-byte aligned).
-__host__ __device__ static inline void put_code(u32 entry, u64* bits, int* used, u8* out, u32* written) {
-    *bits |= (u64)(entry & 0xFFFF) << *used;
-    *used += entry >> 16;
-    if (*used >= 32) {
-        *(u32*)(out + *written) = (u32)*bits;
-        *written += 4;
-        *bits >>= 32;
-        *used -= 32;
-    }
+// Ors a word in: the first and last words of a lane's bits are shared with its neighbours'.
+__host__ __device__ static inline void or_word(u32* word, u32 value) {
+#ifdef __CUDA_ARCH__
+    atomicOr(word, value);
+#else
+    *word |= value;
+#endif
 }
 
-// Huffman-code in[0, count) into out (4-byte aligned) as zstd writes a literal stream: the last
-// symbol first, bits filled from the least significant end, closed by a 1 bit. Returns its length.
-__host__ __device__ static u32 encode_stream(const u8* in, long long count, const u32* table, u8* out) {
+// Bits that the codes of in[0, count) take.
+__host__ __device__ static u32 coded_bits(const u8* in, long long count, const u32* table) {
+    u32 total = 0;
+    for (long long i = 0; i < count; i++) total += table[in[i]] >> 16;
+    return total;
+}
+
+// Writes the codes of in[0, count) from bit `position` of `out` on, as zstd fills a literal
+// stream: the last symbol first, each code from the least significant free bit up. Whole
+// words in between are the caller's alone and stored; the first and last ones are or-ed in.
+__host__ __device__ static void put_codes(const u8* in, long long count, const u32* table, u32* out,
+                                          u64 position) {
+    u64 word = position / 32;
+    int used = (int)(position % 32);
     u64 bits = 0;
-    int used = 0;
-    u32 written = 0;
-    long long i = count;
-    if (((u64)in & 3) == 0) {  // whole words from the end, once the odd tail is done
-        while (i & 3) put_code(table[in[--i]], &bits, &used, out, &written);
-        for (; i > 0; i -= 4) {
-            u32 word = *(const u32*)(in + i - 4);
-            for (int b = 3; b >= 0; b--) put_code(table[(word >> (8 * b)) & 0xFF], &bits, &used, out, &written);
+    bool first = true;
+    for (long long i = count - 1; i >= 0; i--) {
+        u32 entry = table[in[i]];
+        bits |= (u64)(entry & 0xFFFF) << used;
+        used += entry >> 16;
+        if (used >= 32) {
+            if (first) or_word(out + word, (u32)bits);
+            else out[word] = (u32)bits;
+            first = false;
+            word++;
+            bits >>= 32;
+            used -= 32;
         }
     }
-    while (i > 0) put_code(table[in[--i]], &bits, &used, out, &written);
-    bits |= 1ull << used;  // the end mark; then at most 4 bytes remain
-    used += 1;
-    while (used > 0) {
-        out[written++] = (u8)bits;
-        bits >>= 8;
-        used -= 8;
-    }
-    return written;
+    if (bits) or_word(out + word, (u32)bits);
 }
 
 // Where stream `s` (0-3) of a frame of `size` bytes starts and how long it is (RFC 8878).
@@ -164,38 +169,50 @@ __host__ __device__ static void stream_span(long long size, int s, long long* st
     *count = end > first ? end - first : 0;
 }
 
-// Writes a frame's headers (and an RLE frame's byte); returns its mode, and through `head` and
-// `length` where the copied part starts and how long the frame is.
-__host__ __device__ static int frame_head(u8* frame, u32 size, int symbol, const u8* description,
-                                          int description_length, const u32* streams, u32* head,
-                                          u32* length) {
-    put_le(frame, 0xFD2FB528u, 4);
-    frame[4] = 0xA0;  // content size in 4 bytes, single segment, no checksum, no dictionary
-    put_le(frame + 5, size, 4);
+// How a frame is stored: its mode, where its streams (or raw bytes) start, and its length.
+// `streams` holds each stream's length in bytes (its bits and the end mark, rounded up).
+__host__ __device__ static int frame_layout(u32 size, int symbol, int description_length, const u32* streams,
+                                            u32* head, u32* length) {
     u32 literals = description_length + JUMP_TABLE + streams[0] + streams[1] + streams[2] + streams[3];
     u32 block = LITERALS_HEADER + literals + 1;
     if (symbol >= 0) {
-        put_le(frame + 9, 1u | (1u << 1) | (size << 3), 3);
-        frame[FRAME_HEAD] = (u8)symbol;
         *head = *length = FRAME_HEAD + 1;
         return MODE_RLE;
     }
     if (description_length == 0 || size < MIN_CODED || block >= size) {
-        put_le(frame + 9, 1u | (size << 3), 3);
         *head = FRAME_HEAD;
         *length = FRAME_HEAD + size;
         return MODE_RAW;
     }
+    *head = FRAME_HEAD + LITERALS_HEADER + description_length + JUMP_TABLE;
+    *length = FRAME_HEAD + block;
+    return MODE_HUFFMAN;
+}
+
+// Writes a frame's headers (an RLE frame's byte included) for `frame_layout`'s mode.
+__host__ __device__ static void write_head(u8* frame, int mode, u32 size, int symbol, const u8* description,
+                                           int description_length, const u32* streams, u32 length) {
+    put_le(frame, 0xFD2FB528u, 4);
+    frame[4] = 0xA0;  // content size in 4 bytes, single segment, no checksum, no dictionary
+    put_le(frame + 5, size, 4);
+    if (mode == MODE_RLE) {
+        put_le(frame + 9, 1u | (1u << 1) | (size << 3), 3);
+        frame[FRAME_HEAD] = (u8)symbol;
+        return;
+    }
+    if (mode == MODE_RAW) {
+        put_le(frame + 9, 1u | (size << 3), 3);
+        return;
+    }
+    u32 block = length - FRAME_HEAD;
+    u32 literals = block - LITERALS_HEADER - 1;
     put_le(frame + 9, 1u | (2u << 1) | (block << 3), 3);
     u8* section = frame + FRAME_HEAD;
     put_le(section, 2u | (3u << 2) | ((u64)size << 4) | ((u64)literals << 22), LITERALS_HEADER);
     for (int k = 0; k < description_length; k++) section[LITERALS_HEADER + k] = description[k];
     u8* jump = section + LITERALS_HEADER + description_length;
     for (int k = 0; k < 3; k++) put_le(jump + 2 * k, streams[k], 2);
-    *head = FRAME_HEAD + LITERALS_HEADER + description_length + JUMP_TABLE;
-    *length = FRAME_HEAD + block;
-    frame[*length - 1] = 0;  // no sequences: the block is its literals
-    return MODE_HUFFMAN;
+    frame[length - 1] = 0;  // no sequences: the block is its literals
 }
 
 extern "C" {
@@ -227,62 +244,105 @@ __global__ void frame_histograms(const u8* planes, const long long* frame_start,
     }
 }
 
-// One thread per table: coding table and tree description from its counts.
-__global__ void build_tables(const u32* counts, int tables, u32* table, u8* descriptions,
+// One block of 256 threads per plane: its counts (the sum of its frames'), and what the host
+// decides on: the order-0 entropy in bits per byte, the highest byte value, how many occur.
+__global__ void plane_counts(const u32* frame_counts, const long long* bounds, u32* counts, float* summary) {
+    __shared__ float entropy[256];
+    __shared__ int highest, distinct;
+    __shared__ u32 total;
+    int p = blockIdx.x, s = threadIdx.x;
+    if (s == 0) { highest = -1; distinct = 0; total = 0; }
+    __syncthreads();
+    u32 count = 0;
+    for (long long f = bounds[p]; f < bounds[p + 1]; f++) count += frame_counts[f * 256 + s];
+    counts[256LL * p + s] = count;
+    if (count) {
+        atomicMax(&highest, s);
+        atomicAdd(&distinct, 1);
+        atomicAdd(&total, count);
+    }
+    __syncthreads();
+    float share = total ? (float)count / (float)total : 0.0f;
+    entropy[s] = share > 0.0f ? -share * log2f(share) : 0.0f;
+    __syncthreads();
+    for (int half = 128; half > 0; half /= 2) {
+        if (s < half) entropy[s] += entropy[s + half];
+        __syncthreads();
+    }
+    if (s == 0) {
+        summary[3 * p] = entropy[0];
+        summary[3 * p + 1] = (float)highest;
+        summary[3 * p + 2] = (float)distinct;
+    }
+}
+
+// One thread per table: coding table and tree description from the counts of plane plane[t].
+__global__ void build_tables(const u32* counts, const int* plane, int tables, u32* table, u8* descriptions,
                              int* description_length) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tables) return;
-    description_length[t] = huffman_table(counts + 256LL * t, table + 256LL * t,
+    description_length[t] = huffman_table(counts + 256LL * plane[t], table + 256LL * t,
                                           descriptions + (long long)DESCRIPTION_STRIDE * t);
 }
 
-// One thread per stream (four per frame) of the frames to code (symbol < 0).
-__global__ void encode_streams(const u8* planes, const long long* frame_start, const int* frame_size,
-                               const int* frame_table, const int* frame_symbol, const u32* table,
-                               u8* streams, long long stream_capacity, u32* stream_length, int frames) {
-    long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (k >= 4LL * frames) return;
-    int f = (int)(k / 4);
-    if (frame_symbol[f] >= 0 || frame_size[f] < MIN_CODED) {
-        stream_length[k] = 0;
-        return;
-    }
-    long long start, count;
-    stream_span(frame_size[f], (int)(k % 4), &start, &count);
-    stream_length[k] = encode_stream(planes + frame_start[f] + start, count, table + 256LL * frame_table[f],
-                                     streams + k * stream_capacity);
-}
-
-// One block per frame: headers by thread 0, then the streams (or the raw bytes) copied after.
-__global__ void assemble_frames(const u8* planes, const long long* frame_start, const int* frame_size,
-                                const int* frame_table, const int* frame_symbol, const u8* descriptions,
-                                const int* description_length, const u8* streams, long long stream_capacity,
-                                const u32* stream_length, u8* out, long long frame_capacity,
-                                u32* frame_length) {
-    __shared__ int mode;
+// One block of 4 * LANES threads per frame, LANES per stream. Each lane counts the bits of its
+// share of the stream; sums over the lanes place every lane's codes (a stream is written from
+// its last symbol on, so a lane's bits follow those of the lanes after it); then each lane
+// writes its codes straight into the frame, and thread 0 the headers around them.
+__global__ void encode_frames(const u8* planes, const long long* frame_start, const int* frame_size,
+                              const long long* frame_index, const u32* frame_counts, const int* frame_table,
+                              const u32* table, const u8* descriptions, const int* description_length, u8* out,
+                              long long frame_capacity, u32* frame_length) {
+    __shared__ u32 bits[4][LANES];
+    __shared__ u32 stream_bytes[4];
+    __shared__ int mode, symbol;
     __shared__ u32 head, length;
-    int f = blockIdx.x;
-    u8* frame = out + (long long)f * frame_capacity;
-    const u32* lengths = stream_length + 4LL * f;
+    int f = blockIdx.x, s = threadIdx.x / LANES, lane = threadIdx.x % LANES, t = frame_table[f];
+    u32 size = (u32)frame_size[f];
+    bool present = frame_counts[frame_index[f] * 256 + threadIdx.x] > 0;  // blockDim is 256
+    if (__syncthreads_count(present) != 1) symbol = -1;
+    else if (present) symbol = threadIdx.x;  // one byte value: an RLE frame
+    __syncthreads();
+    int described = symbol < 0 && size >= MIN_CODED ? description_length[t] : 0;
+    const u32* codes = table + 256LL * t;
+    long long start, count;
+    stream_span(size, s, &start, &count);
+    long long share = (count + LANES - 1) / LANES;
+    long long first = lane * share < count ? lane * share : count;
+    long long last = first + share < count ? first + share : count;
+    const u8* in = planes + frame_start[f] + start + first;
+    bits[s][lane] = described ? coded_bits(in, last - first, codes) : 0;
+    __syncthreads();
+    if (threadIdx.x < 4) {
+        u32 total = 0;
+        for (int k = 0; k < LANES; k++) total += bits[threadIdx.x][k];
+        stream_bytes[threadIdx.x] = total / 8 + 1;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
-        int t = frame_table[f];
-        mode = frame_head(frame, (u32)frame_size[f], frame_symbol[f],
-                          descriptions + (long long)DESCRIPTION_STRIDE * t, description_length[t], lengths,
-                          &head, &length);
+        mode = frame_layout(size, symbol, described, stream_bytes, &head, &length);
         frame_length[f] = length;
     }
     __syncthreads();
+    u8* frame = out + (long long)f * frame_capacity;
     if (mode == MODE_RAW) {
-        const u8* in = planes + frame_start[f];
-        for (u32 k = threadIdx.x; k < length - head; k += blockDim.x) frame[head + k] = in[k];
+        const u8* raw = planes + frame_start[f];
+        for (u32 k = threadIdx.x; k < size; k += blockDim.x) frame[head + k] = raw[k];
     } else if (mode == MODE_HUFFMAN) {
-        u32 at = head;
-        for (int s = 0; s < 4; s++) {
-            const u8* in = streams + (4LL * f + s) * stream_capacity;
-            for (u32 k = threadIdx.x; k < lengths[s]; k += blockDim.x) frame[at + k] = in[k];
-            at += lengths[s];
-        }
+        u32* words = (u32*)frame;
+        for (u32 w = head / 4 + threadIdx.x; w < (length + 3) / 4; w += blockDim.x) words[w] = 0;
+        __syncthreads();
+        u64 at = head;
+        for (int k = 0; k < s; k++) at += stream_bytes[k];
+        at *= 8;
+        for (int k = lane + 1; k < LANES; k++) at += bits[s][k];
+        put_codes(in, last - first, codes, words, at);
+        if (lane == 0) or_word(words + (at + bits[s][0]) / 32, 1u << ((at + bits[s][0]) % 32));  // end mark
     }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        write_head(frame, mode, size, symbol, descriptions + (long long)DESCRIPTION_STRIDE * t, described,
+                   stream_bytes, length);
 }
 
 }
