@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v fusermount3 >/dev/null || [ ! -f /usr/include/fuse3/fuse.h ]; then
+# g++ builds the GPU engine's zstd frame code for the host in tests/test_zstd_huffman.py.
+if ! command -v fusermount3 >/dev/null || [ ! -f /usr/include/fuse3/fuse.h ] || ! command -v g++ >/dev/null; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc g++ >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check torch==2.13.0
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'

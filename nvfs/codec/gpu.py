@@ -1,17 +1,20 @@
-"""GPU engine: the plane transform as CUDA kernels (CuPy) and entropy coding with nvCOMP.
+"""GPU engine: the plane transform as CUDA kernels (CuPy), entropy coding on the GPU.
 
 It writes the format the CPU engine writes (docs/FORMAT.md, "Transform 1"): regions split
-into byte planes, near-random planes stored raw (the same sample test as the CPU engine),
-the others cut into 128 KiB sub-blocks, each one standard zstd frame (nvCOMP's Zstd in its
-RAW bitstream). A CPU-only machine reads those chunks with the ``zstandard`` package, and
-this engine reads chunks the CPU engine wrote. ``codec="ans"`` codes the sub-blocks with
-nvCOMP's ANS instead: faster and GPU-only.
+into byte planes, near-random planes stored raw (the CPU engine's entropy test, on whole
+planes), the others cut into 64 KiB sub-blocks, each one standard zstd frame. Those frames
+come from the kernels of ``zstd_huffman.cu`` (:mod:`nvfs.codec.gpu_huffman`): Huffman-coded
+literals and nothing else, which is all that zstd gains on float planes, at tens of GB/s;
+planes they cannot describe (a byte value above 128 occurs) go to nvCOMP's Zstd. A CPU-only
+machine reads these chunks with the ``zstandard`` package, and this engine reads chunks the
+CPU engine wrote (nvCOMP's Zstd decodes every frame). ``codec="ans"`` codes the sub-blocks
+with nvCOMP's ANS instead: GPU-only.
 
 GPU work is done in batches: the store's worker threads call :meth:`GpuEngine.encode` and
 :meth:`GpuEngine.decode` concurrently; each call queues its chunk and waits, and one
 dispatcher thread, the only one that touches the GPU, takes every queued chunk (up to a
 byte budget) and codes them together — one host-to-device copy through pinned memory, one
-kernel per transform step and one nvCOMP call for all sub-blocks of the batch.
+kernel per transform step and one launch per coder for all sub-blocks of the batch.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
-from nvfs.codec.gpu_huffman import FRAME_CAPACITY, Frames, HuffmanFrames
+from nvfs.codec.gpu_huffman import FRAME_CAPACITY, GPU_FRAME_SIZE, Frames, HuffmanFrames
 from nvfs.codec.planes import (
     FRAME_SIZE,
     ITEM_SIZE,
@@ -635,7 +638,7 @@ class GpuEngine:
             if stored < length:
                 targets = cursor + np.cumsum(own) - own
                 frame_segments[output[0]].append(np.stack((coded.offset[frames], targets, own), axis=1))
-                return PlaneEntry(self.codec, stored, FRAME_SIZE, tuple(own.tolist()))
+                return PlaneEntry(self.codec, stored, GPU_FRAME_SIZE, tuple(own.tolist()))
         raw_segments.append((offset, cursor, length))
         return PlaneEntry(Codec.RAW, length)
 
@@ -683,12 +686,12 @@ def _plane_frames(planes: np.ndarray) -> tuple[Frames, np.ndarray]:
     """The frames of planes (rows: offset and length in the plane buffer), and the bounds of
     each plane's frames among them (``bounds[p]:bounds[p + 1]``)."""
     offsets, lengths = planes[:, 0], planes[:, 1]
-    counts = -(-lengths // FRAME_SIZE)
+    counts = -(-lengths // GPU_FRAME_SIZE)
     bounds = np.concatenate(([0], np.cumsum(counts)))
     plane = np.repeat(np.arange(len(planes)), counts)
     index = np.arange(bounds[-1]) - bounds[plane]
-    sizes = np.minimum(FRAME_SIZE, lengths[plane] - index * FRAME_SIZE)
-    return Frames(offsets[plane] + index * FRAME_SIZE, sizes, plane), bounds
+    sizes = np.minimum(GPU_FRAME_SIZE, lengths[plane] - index * GPU_FRAME_SIZE)
+    return Frames(offsets[plane] + index * GPU_FRAME_SIZE, sizes, plane), bounds
 
 
 def _request_bytes(request: tuple) -> int:
