@@ -280,6 +280,8 @@ class GpuEngine:
             raise CodecError(f"codec {codec!r} is not known (use portable or ans)")
         self.device = device
         self.codec = Codec.ANS if codec == "ans" else Codec.ZSTD_FRAMES
+        # ANS frames carry a larger table each: smaller ones cost ratio and decode no faster.
+        self._frame_size = FRAME_SIZE if codec == "ans" else GPU_FRAME_SIZE
         self._cpu = CpuEngine(level)  # decodes chunks without a transform (whole-chunk zstd or raw)
         self._detector = PlaneCoder(level)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -435,7 +437,7 @@ class GpuEngine:
         planes = np.array([(placed.plane_start(index), placed.plane_length)
                            for chunk_regions in layout.regions for placed in chunk_regions
                            for index in range(ITEM_SIZE[placed.kind])], dtype=np.int64).reshape(-1, 2)
-        frames, bounds = _plane_frames(planes)
+        frames, bounds = _plane_frames(planes, self._frame_size)
         coded = self._code(planes_buffer, planes[:, 1], frames, bounds)
         return self._assemble(planes_buffer, layout, planes, bounds, coded)
 
@@ -638,7 +640,7 @@ class GpuEngine:
             if stored < length:
                 targets = cursor + np.cumsum(own) - own
                 frame_segments[output[0]].append(np.stack((coded.offset[frames], targets, own), axis=1))
-                return PlaneEntry(self.codec, stored, GPU_FRAME_SIZE, tuple(own.tolist()))
+                return PlaneEntry(self.codec, stored, self._frame_size, tuple(own.tolist()))
         raw_segments.append((offset, cursor, length))
         return PlaneEntry(Codec.RAW, length)
 
@@ -682,16 +684,16 @@ def _copy_pieces(segments: np.ndarray) -> np.ndarray:
                      np.minimum(lengths[owner] - skip, COPY_PIECE)))
 
 
-def _plane_frames(planes: np.ndarray) -> tuple[Frames, np.ndarray]:
+def _plane_frames(planes: np.ndarray, frame_size: int) -> tuple[Frames, np.ndarray]:
     """The frames of planes (rows: offset and length in the plane buffer), and the bounds of
     each plane's frames among them (``bounds[p]:bounds[p + 1]``)."""
     offsets, lengths = planes[:, 0], planes[:, 1]
-    counts = -(-lengths // GPU_FRAME_SIZE)
+    counts = -(-lengths // frame_size)
     bounds = np.concatenate(([0], np.cumsum(counts)))
     plane = np.repeat(np.arange(len(planes)), counts)
     index = np.arange(bounds[-1]) - bounds[plane]
-    sizes = np.minimum(GPU_FRAME_SIZE, lengths[plane] - index * GPU_FRAME_SIZE)
-    return Frames(offsets[plane] + index * GPU_FRAME_SIZE, sizes, plane), bounds
+    sizes = np.minimum(frame_size, lengths[plane] - index * frame_size)
+    return Frames(offsets[plane] + index * frame_size, sizes, plane), bounds
 
 
 def _request_bytes(request: tuple) -> int:
