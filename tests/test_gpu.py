@@ -92,12 +92,8 @@ def test_mixed_regions_interop_both_ways(gpu):
 
 
 def test_ratios_against_the_cpu_engine(gpu, gpu_ans):
-    """ANS codes planes as well as the CPU engine; nvCOMP's Zstd is weaker on exponent planes.
-
-    nvCOMP's Zstd compressor codes an exponent plane at 1.25x its order-0 bound where the CPU
-    engine's tuned zstd reaches 1.02x (measured on the H200), so portable GPU chunks are a few
-    percent larger than CPU ones: pinned here so that a change shows, not as a target.
-    """
+    """Both GPU codecs code planes as well as the CPU engine (the portable format's Huffman-only
+    frames reach what the CPU's zstd reaches on float planes, which is its Huffman stage)."""
     cpu = CpuEngine()
     for kind in (ElementKind.BF16, ElementKind.FP32):
         data = float_bytes(kind, (4 << 20) // ITEM_SIZE[kind], seed=7)
@@ -105,7 +101,7 @@ def test_ratios_against_the_cpu_engine(gpu, gpu_ans):
         cpu_size = len(cpu.encode(data, regions).payload)
         portable, ans = (len(engine.encode(data, regions).payload) for engine in (gpu, gpu_ans))
         assert ans <= 1.02 * cpu_size, f"{kind.name}: ANS {ans} vs CPU {cpu_size} bytes"
-        assert portable <= 1.07 * cpu_size, f"{kind.name}: portable {portable} vs CPU {cpu_size} bytes"
+        assert portable <= 1.01 * cpu_size, f"{kind.name}: portable {portable} vs CPU {cpu_size} bytes"
 
 
 def test_detected_layout_and_incompressible_chunks(gpu):

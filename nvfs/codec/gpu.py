@@ -4,9 +4,8 @@ It writes the format the CPU engine writes (docs/FORMAT.md, "Transform 1"): regi
 into byte planes, near-random planes stored raw (the CPU engine's entropy test, on whole
 planes), the others cut into 64 KiB sub-blocks, each one standard zstd frame. Those frames
 come from the kernels of ``zstd_huffman.cu`` (:mod:`nvfs.codec.gpu_huffman`): Huffman-coded
-literals and nothing else, which is all that zstd gains on float planes, at tens of GB/s;
-planes they cannot describe (a byte value above 128 occurs) go to nvCOMP's Zstd. A CPU-only
-machine reads these chunks with the ``zstandard`` package, and this engine reads chunks the
+literals and nothing else, which is all that zstd gains on float planes, at tens of GB/s.
+A CPU-only machine reads these chunks with the ``zstandard`` package, and this engine reads chunks the
 CPU engine wrote (nvCOMP's Zstd decodes every frame). ``codec="ans"`` codes the sub-blocks
 with nvCOMP's ANS instead: GPU-only.
 
@@ -571,25 +570,20 @@ class GpuEngine:
 
     def _portable_jobs(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
                        bounds: np.ndarray) -> list[tuple[np.ndarray, _Job]]:
-        """The portable format: planes that are not near-random (the CPU engine's entropy test,
-        on whole planes here, whose byte counts the Huffman tables need anyway) are coded as
-        Huffman-only zstd frames where those can describe them, by nvCOMP's Zstd where not.
+        """The portable format: the frames of planes that are not near-random (the CPU engine's
+        entropy test, on whole planes here, whose byte counts the Huffman tables need anyway),
+        as Huffman-only zstd frames.
         """
         counts = self._huffman.count(planes_buffer, frames, bounds)
         self._wait()
-        summary = counts.summary.get()
-        worth = (np.diff(bounds) > 0) & ((lengths < 4 * _SAMPLE) | (summary[:, 0] <= _RANDOM_BITS))
-        huffman = worth & HuffmanFrames.codes(summary)
-        jobs = []
-        mine = np.flatnonzero(huffman[frames.plane])
-        if len(mine):
-            output, sizes = self._huffman.encode(planes_buffer, frames.subset(mine), mine, counts,
-                                                 np.flatnonzero(huffman))
-            jobs.append((mine, _Job(output, FRAME_CAPACITY, sizes.get)))
-        theirs = np.flatnonzero((worth & ~huffman)[frames.plane])
-        if len(theirs):
-            jobs.append((theirs, self._nvcomp_job(Codec.ZSTD_FRAMES, planes_buffer, frames.subset(theirs))))
-        return jobs
+        entropy = counts.entropy.get()
+        worth = (np.diff(bounds) > 0) & ((lengths < 4 * _SAMPLE) | (entropy <= _RANDOM_BITS))
+        chosen = np.flatnonzero(worth[frames.plane])
+        if not len(chosen):
+            return []
+        output, sizes = self._huffman.encode(planes_buffer, frames.subset(chosen), chosen, counts,
+                                             np.flatnonzero(worth))
+        return [(chosen, _Job(output, FRAME_CAPACITY, sizes.get))]
 
     def _nvcomp_job(self, codec: Codec, planes_buffer: cp.ndarray, frames: Frames) -> _Job:
         """Code frames with one nvCOMP call; frame ``i`` goes to ``i`` times the coder's capacity."""

@@ -6,8 +6,8 @@ kernels in ``zstd_huffman.cu`` count each frame's bytes, build one Huffman table
 and code every frame as one standard zstd frame of Huffman-coded literals (an RLE frame
 for one repeated byte, a raw one where coding does not pay). Any zstd decoder reads them.
 
-Planes this coder cannot describe — a byte value above 128 occurs (zstd's direct weight
-format stops there) — go to nvCOMP's Zstd instead; see :meth:`HuffmanFrames.codes`.
+A plane whose table has no zstd description (practically never: see ``huffman_table``) is
+stored as raw frames.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import numpy as np
 
 _THREADS = 256
 _TABLE_THREADS = 32
-_DESCRIPTION_STRIDE = 80  # these two must match DESCRIPTION_STRIDE and LANES in zstd_huffman.cu
+_DESCRIPTION_STRIDE = 144  # these two must match DESCRIPTION_STRIDE and LANES in zstd_huffman.cu
 _LANES = 64
-_DIRECT_SYMBOLS = 129  # byte values 0..128: what the direct weight format describes
 _ALIGN = 256
 
 
@@ -55,7 +54,7 @@ class Counts:
 
     frames: cp.ndarray  # (frames, 256) uint32
     planes: cp.ndarray  # (planes, 256) uint32
-    summary: cp.ndarray  # (planes, 3) float32: entropy in bits per byte, highest byte value, values seen
+    entropy: cp.ndarray  # (planes,) float32: order-0 entropy in bits per byte
 
 
 class HuffmanFrames:
@@ -74,19 +73,13 @@ class HuffmanFrames:
         plane_count = len(bounds) - 1
         counts = Counts(cp.empty((len(frames.start), 256), dtype=cp.uint32),
                         cp.empty((plane_count, 256), dtype=cp.uint32),
-                        cp.empty((plane_count, 3), dtype=cp.float32))
+                        cp.empty(plane_count, dtype=cp.float32))
         if len(frames.start):
             start, size = cp.asarray(frames.start), cp.asarray(frames.size, dtype=cp.int32)
             self._histograms((len(frames.start),), (_THREADS,), (planes, start, size, counts.frames))
         self._plane_counts((plane_count,), (256,),
-                           (counts.frames, cp.asarray(bounds), counts.planes, counts.summary))
+                           (counts.frames, cp.asarray(bounds), counts.planes, counts.entropy))
         return counts
-
-    @staticmethod
-    def codes(summary: np.ndarray) -> np.ndarray:
-        """Which planes (rows of :attr:`Counts.summary`) this coder takes: one byte value, or none
-        above 128."""
-        return (summary[:, 2] == 1) | (summary[:, 1] < _DIRECT_SYMBOLS)
 
     def encode(self, planes: cp.ndarray, frames: Frames, frame_index: np.ndarray, counts: Counts,
                chosen: np.ndarray) -> tuple[cp.ndarray, cp.ndarray]:

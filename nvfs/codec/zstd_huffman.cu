@@ -21,8 +21,8 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define HUF_MAX_BITS 11            // the longest code zstd allows
-#define HUF_DIRECT_SYMBOLS 129     // the direct weight representation covers symbols 0..128
-#define DESCRIPTION_STRIDE 80      // bytes per table in the descriptions array (at most 65 used)
+#define HUF_DIRECT_SYMBOLS 129     // 4-bit weights describe symbols 0..128; FSE-coded ones, all
+#define DESCRIPTION_STRIDE 144     // bytes per table in the descriptions array (at most 128 used)
 #define FRAME_HEAD 12              // magic, descriptor, content size, block header
 #define LITERALS_HEADER 5
 #define JUMP_TABLE 6
@@ -90,9 +90,121 @@ __host__ __device__ static int huffman_lengths(const u32* counts, u8* lengths) {
     return 0;  // not reached: equal weights give at most 8 bits
 }
 
+// A little-endian bit writer filling bytes from the least significant bit.
+struct BitWriter {
+    u8* out;
+    int bytes;
+    u64 bits;
+    int used;
+};
+
+__host__ __device__ static void put_bits(BitWriter* w, u32 value, int count) {
+    w->bits |= (u64)value << w->used;
+    w->used += count;
+    while (w->used >= 8) {
+        w->out[w->bytes++] = (u8)w->bits;
+        w->bits >>= 8;
+        w->used -= 8;
+    }
+}
+
+__host__ __device__ static int highest_bit(u32 x) {
+    int bit = 0;
+    while (x >>= 1) bit++;
+    return bit;
+}
+
+#define WEIGHT_LOG 6  // accuracy of the FSE table for Huffman weights (zstd allows at most 6)
+
+// Huffman weights w[0, n) coded with FSE as zstd's tree description allows (RFC 8878, "FSE
+// compression of Huffman weights"): the normalized counts, then one bitstream with two
+// interleaved states. Written by inverting the decoding table the spec defines, so that the
+// decoder's reading, state by state, is what the encoder wrote. Returns the length in
+// bytes, or 0 when the weights cannot be coded so. Kept out of line: inlined into
+// build_tables by NVRTC (CUDA 13, H200), it read the caller's weights back wrong (weight 0
+// came back as a count of this function's), which a host build never showed.
+__host__ __device__ __noinline__ static int fse_weights(const u8* w, int n, u8* out) {
+    const int size = 1 << WEIGHT_LOG;
+    int count[HUF_MAX_BITS + 1] = {0}, norm[HUF_MAX_BITS + 1] = {0};
+    for (int i = 0; i < n; i++) count[w[i]]++;
+    int last_symbol = 0, present = 0, total = 0;
+    for (int s = 0; s <= HUF_MAX_BITS; s++) {
+        if (!count[s]) continue;
+        norm[s] = count[s] * size / n > 0 ? count[s] * size / n : 1;
+        total += norm[s];
+        last_symbol = s;
+        present++;
+    }
+    if (present < 2) return 0;
+    while (total != size) {  // give the rounding to the largest
+        int largest = 0;
+        for (int s = 1; s <= last_symbol; s++) if (norm[s] > norm[largest]) largest = s;
+        if (total < size) { norm[largest] += size - total; total = size; }
+        else if (norm[largest] > 1) { norm[largest]--; total--; }
+        else return 0;
+    }
+    // Normalized counts (FSE_readNCount's format).
+    BitWriter bw = {out, 0, 0, 0};
+    put_bits(&bw, WEIGHT_LOG - 5, 4);
+    int remaining = size + 1, threshold = size, bits = WEIGHT_LOG + 1;
+    for (int s = 0; s <= last_symbol && remaining > 1; s++) {
+        int value = norm[s] + 1, max = 2 * threshold - 1 - remaining;
+        if (value < max) put_bits(&bw, value, bits - 1);
+        else if (value < threshold) put_bits(&bw, value, bits);
+        else put_bits(&bw, value + max, bits);
+        remaining -= norm[s];
+        while (remaining < threshold) { bits--; threshold >>= 1; }
+        if (norm[s] == 0) {  // a run of zero counts after it: 2-bit repeat flags
+            int zeros = 0;
+            while (s + 1 + zeros <= last_symbol && norm[s + 1 + zeros] == 0) zeros++;
+            s += zeros;
+            for (; zeros >= 3; zeros -= 3) put_bits(&bw, 3, 2);
+            put_bits(&bw, zeros, 2);
+        }
+    }
+    if (bw.used) put_bits(&bw, 0, 8 - bw.used);
+    // The decoding table: symbols spread over the states, then each state's bits and baseline.
+    u8 symbol[1 << WEIGHT_LOG], nbits[1 << WEIGHT_LOG];
+    u16 baseline[1 << WEIGHT_LOG];
+    int position = 0, next[HUF_MAX_BITS + 1];
+    for (int s = 0; s <= last_symbol; s++) {
+        next[s] = norm[s];
+        for (int k = 0; k < norm[s]; k++) {
+            symbol[position] = (u8)s;
+            position = (position + (size >> 1) + (size >> 3) + 3) & (size - 1);
+        }
+    }
+    for (int state = 0; state < size; state++) {
+        int x = next[symbol[state]]++;
+        nbits[state] = (u8)(WEIGHT_LOG - highest_bit(x));
+        baseline[state] = (u16)((x << nbits[state]) - size);
+    }
+    // Decoding reads state 0 and state 1 of the weights, then after each weight i < n - 1 the
+    // bits that lead to state i + 2; the read after weight n - 2 runs past the stream's start,
+    // which ends the decoding with weight n - 1. So states are chosen from the last weight back.
+    int state[256];
+    for (int i = n - 1; i >= 0; i--) {
+        int found = -1;
+        for (int x = 0; x < size && found < 0; x++) {
+            if (symbol[x] != w[i]) continue;
+            if (i >= n - 2) { if (i == n - 1 || nbits[x] > 0) found = x; }
+            else if (baseline[x] <= state[i + 2] && state[i + 2] < baseline[x] + (1 << nbits[x])) found = x;
+        }
+        if (found < 0) return 0;
+        state[i] = found;
+    }
+    BitWriter stream = {out + bw.bytes, 0, 0, 0};
+    for (int i = n - 3; i >= 0; i--) put_bits(&stream, state[i + 2] - baseline[state[i]], nbits[state[i]]);
+    put_bits(&stream, state[1], WEIGHT_LOG);
+    put_bits(&stream, state[0], WEIGHT_LOG);
+    put_bits(&stream, 1, 1);  // the end mark
+    if (stream.used) put_bits(&stream, 0, 8 - stream.used);
+    return bw.bytes + stream.bytes;
+}
+
 // The coding table (code | length << 16 per symbol, 0 for absent ones) and the zstd tree
-// description (direct 4-bit weights) for `counts`. Returns the description's length, or 0
-// when the counts cannot be described so (one symbol only, or a symbol above 128).
+// description for `counts`. Returns the description's length, or 0 when there is none (one
+// symbol only, or weights whose FSE coding would not fit: frames are then stored raw).
 __host__ __device__ static int huffman_table(const u32* counts, u32* table, u8* description) {
     u8 lengths[256];
     int max_bits = huffman_lengths(counts, lengths);
@@ -100,7 +212,6 @@ __host__ __device__ static int huffman_table(const u32* counts, u32* table, u8* 
     if (max_bits == 0) return 0;
     int last = 255;
     while (!lengths[last]) last--;
-    if (last >= HUF_DIRECT_SYMBOLS) return 0;
     // Canonical codes: by weight (longest codes first), then by symbol value.
     u32 slot = 0;
     for (int bits = max_bits; bits >= 1; bits--) {
@@ -110,14 +221,20 @@ __host__ __device__ static int huffman_table(const u32* counts, u32* table, u8* 
             slot += 1u << (max_bits - bits);
         }
     }
-    // The last symbol's weight is implied by the others.
-    description[0] = (u8)(127 + last);
-    for (int s = 0; s < last; s += 2) {
-        u8 high = lengths[s] ? (u8)(max_bits + 1 - lengths[s]) : 0;
-        u8 low = (s + 1 < last && lengths[s + 1]) ? (u8)(max_bits + 1 - lengths[s + 1]) : 0;
-        description[1 + s / 2] = (u8)(high << 4 | low);
+    // The weights of symbols 0..last-1 (the last one's is implied by the others): 4 bits each
+    // up to symbol 128, FSE-coded beyond.
+    u8 weights[256];
+    for (int s = 0; s < last; s++) weights[s] = lengths[s] ? (u8)(max_bits + 1 - lengths[s]) : 0;
+    if (last < HUF_DIRECT_SYMBOLS) {
+        description[0] = (u8)(127 + last);
+        for (int s = 0; s < last; s += 2)
+            description[1 + s / 2] = (u8)(weights[s] << 4 | (s + 1 < last ? weights[s + 1] : 0));
+        return 1 + (last + 1) / 2;
     }
-    return 1 + (last + 1) / 2;
+    int coded = fse_weights(weights, last, description + 1);
+    if (coded == 0 || coded >= 128) return 0;
+    description[0] = (u8)coded;
+    return 1 + coded;
 }
 
 // Ors a word in: the first and last words of a lane's bits are shared with its neighbours'.
@@ -245,36 +362,27 @@ __global__ void frame_histograms(const u8* planes, const long long* frame_start,
     }
 }
 
-// One block of 256 threads per plane: its counts (the sum of its frames'), and what the host
-// decides on: the order-0 entropy in bits per byte, the highest byte value, how many occur.
-__global__ void plane_counts(const u32* frame_counts, const long long* bounds, u32* counts, float* summary) {
-    __shared__ float entropy[256];
-    __shared__ int highest, distinct;
+// One block of 256 threads per plane: its counts (the sum of its frames') and its order-0
+// entropy in bits per byte, by which the host leaves near-random planes raw.
+__global__ void plane_counts(const u32* frame_counts, const long long* bounds, u32* counts, float* entropy) {
+    __shared__ float terms[256];
     __shared__ u32 total;
     int p = blockIdx.x, s = threadIdx.x;
-    if (s == 0) { highest = -1; distinct = 0; total = 0; }
+    if (s == 0) total = 0;
     __syncthreads();
     u32 count = 0;
     for (long long f = bounds[p]; f < bounds[p + 1]; f++) count += frame_counts[f * 256 + s];
     counts[256LL * p + s] = count;
-    if (count) {
-        atomicMax(&highest, s);
-        atomicAdd(&distinct, 1);
-        atomicAdd(&total, count);
-    }
+    if (count) atomicAdd(&total, count);
     __syncthreads();
     float share = total ? (float)count / (float)total : 0.0f;
-    entropy[s] = share > 0.0f ? -share * log2f(share) : 0.0f;
+    terms[s] = share > 0.0f ? -share * log2f(share) : 0.0f;
     __syncthreads();
     for (int half = 128; half > 0; half /= 2) {
-        if (s < half) entropy[s] += entropy[s + half];
+        if (s < half) terms[s] += terms[s + half];
         __syncthreads();
     }
-    if (s == 0) {
-        summary[3 * p] = entropy[0];
-        summary[3 * p + 1] = (float)highest;
-        summary[3 * p + 2] = (float)distinct;
-    }
+    if (s == 0) entropy[p] = terms[0];
 }
 
 // One thread per table: coding table and tree description from the counts of plane plane[t].
