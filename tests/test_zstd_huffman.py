@@ -80,11 +80,35 @@ extern "C" long long encode_frame(const u8* data, u32 size, const u32* plane_cou
     write_head(out, mode, size, symbol, description, described, stream_bytes, length);
     return length;
 }
+
+// A frame decoded as decode_frames does: 0, FRAME_UNSUPPORTED or FRAME_DAMAGED.
+extern "C" int decode_frame(const u8* frame, u32 length, u32 size, u8* out) {
+    u8 weights[256];
+    u16 start[256], table[1 << HUF_MAX_BITS];
+    FrameContent content;
+    int result = parse_frame(frame, length, size, weights, &content);
+    if (result) return result;
+    if (content.kind == CONTENT_RAW) memcpy(out, frame + content.offset, size);
+    if (content.kind == CONTENT_RLE) memset(out, frame[content.offset], size);
+    if (content.kind != CONTENT_HUFFMAN) return 0;
+    huffman_starts(weights, content.symbols, content.max_bits, start);
+    for (int s = 0; s < content.symbols; s++) fill_symbol(table, start[s], weights[s], content.max_bits, s);
+    u32 offset = content.offset;
+    for (int k = 0; k < content.streams; k++) {
+        long long first = 0, count = size;
+        if (content.streams == 4) stream_span(size, k, &first, &count);
+        int damaged = decode_stream(frame + offset, content.stream_length[k], table, content.max_bits,
+                                    out + first, (u32)count);
+        if (damaged) return damaged;
+        offset += content.stream_length[k];
+    }
+    return 0;
+}
 """
 
 
 @pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
+def library(tmp_path_factory):
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no C++ compiler to build zstd_huffman.cu for the host (apt-get install g++)")
@@ -97,7 +121,13 @@ def encoder(tmp_path_factory):
     lib = ctypes.CDLL(str(library))
     lib.encode_frame.restype = ctypes.c_longlong
     lib.encode_frame.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p]
+    lib.decode_frame.restype = ctypes.c_int
+    lib.decode_frame.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p]
+    return lib
 
+
+@pytest.fixture(scope="module")
+def encoder(library):
     def encode_plane(plane: np.ndarray, table_counts: np.ndarray | None = None) -> list[bytes]:
         """The plane's frames, each coded with the table of the whole plane's counts."""
         counts = np.bincount(plane, minlength=256).astype(np.uint32) if table_counts is None else table_counts
@@ -105,16 +135,33 @@ def encoder(tmp_path_factory):
         for start in range(0, len(plane), FRAME):
             frame = np.ascontiguousarray(plane[start : start + FRAME])
             out = np.full(FRAME + 4096, 0xAB, dtype=np.uint8)  # stale bytes must not leak in
-            length = lib.encode_frame(frame.ctypes.data, len(frame), counts.ctypes.data, out.ctypes.data)
+            length = library.encode_frame(frame.ctypes.data, len(frame), counts.ctypes.data, out.ctypes.data)
             frames.append(out[:length].tobytes())
         return frames
 
     return encode_plane
 
 
+@pytest.fixture(scope="module")
+def gpu_decode(library):
+    """decode_frames' logic on one frame: (status, bytes); the frame gets slack on both sides."""
+    def decode(frame: bytes, size: int) -> tuple[int, bytes]:
+        padded = np.zeros(len(frame) + 32, dtype=np.uint8)
+        padded[16 : 16 + len(frame)] = np.frombuffer(frame, dtype=np.uint8)
+        out = np.zeros(max(size, 1), dtype=np.uint8)
+        status = library.decode_frame(padded.ctypes.data + 16, len(frame), size, out.ctypes.data)
+        return status, out[:size].tobytes()
+
+    return decode
+
+
 def decoded(frames: list[bytes]) -> bytes:
     decompressor = zstandard.ZstdDecompressor()
     return b"".join(decompressor.decompress(frame) for frame in frames)
+
+
+def frame_sizes(plane_length: int) -> list[int]:
+    return [min(FRAME, plane_length - start) for start in range(0, plane_length, FRAME)]
 
 
 def float_values(kind: ElementKind, count: int, seed: int) -> bytes:
@@ -186,3 +233,47 @@ def test_a_frame_may_lack_symbols_of_its_planes_table(encoder):
     table_counts[[9, 60, 128]] = [5, 1, 1]  # described by the table, absent from the data
     frames = encoder(plane, table_counts)
     assert decoded(frames) == plane.tobytes()
+
+
+SUPPORTED, UNSUPPORTED, DAMAGED = 0, 1, 2
+
+
+@pytest.mark.parametrize("kind", [ElementKind.BF16, ElementKind.FP32])
+def test_the_gpu_decoder_reads_its_own_frames_and_leaves_others_to_nvcomp(encoder, gpu_decode, kind):
+    data = float_values(kind, 1 << 20, seed=11)
+    for plane in to_planes(memoryview(data), kind):
+        for frame, size in zip(encoder(plane), frame_sizes(len(plane)), strict=True):
+            assert gpu_decode(frame, size) == (SUPPORTED, plane[:size].tobytes())
+            plane = plane[size:]
+    # The CPU engine's frames carry a few matches (sequences): nvCOMP decodes those, never this.
+    exponents = to_planes(memoryview(data), kind)[0]
+    entry, payload = PlaneCoder(3).compress_float_plane(exponents.copy())
+    start = 0
+    for length in entry.frame_lengths:
+        size = min(entry.frame_size, len(exponents))
+        status, out = gpu_decode(bytes(payload[start : start + length]), size)
+        assert status == UNSUPPORTED or (status, out) == (SUPPORTED, exponents[:size].tobytes())
+        exponents, start = exponents[size:], start + length
+
+
+def test_the_gpu_decoder_reads_fse_coded_weights_rle_and_raw_frames(encoder, gpu_decode):
+    squares = (np.random.default_rng(12).standard_normal(1 << 18) * 1e-4) ** 2
+    planes = [to_planes(memoryview(squares.astype(np.float32).tobytes()), ElementKind.FP32)[3],
+              np.zeros(FRAME + 7, dtype=np.uint8),
+              np.random.default_rng(13).integers(0, 256, 5000, dtype=np.uint8)]
+    for plane in planes:
+        for frame, size in zip(encoder(plane), frame_sizes(len(plane)), strict=True):
+            assert gpu_decode(frame, size) == (SUPPORTED, plane[:size].tobytes())
+            plane = plane[size:]
+
+
+def test_frames_of_other_shapes_are_left_to_nvcomp_and_damage_is_reported(encoder, gpu_decode):
+    text = b"checkpoint shards repeat themselves; " * 4000
+    several_blocks = zstandard.ZstdCompressor(level=3).compress(text)
+    with_sequences = zstandard.ZstdCompressor(level=3).compress(text[:5000])
+    assert gpu_decode(several_blocks, len(text))[0] == UNSUPPORTED
+    assert gpu_decode(with_sequences, 5000)[0] == UNSUPPORTED
+    exponents = to_planes(memoryview(float_values(ElementKind.BF16, FRAME, seed=14)), ElementKind.BF16)[0]
+    ours = encoder(exponents)  # one frame, Huffman-coded
+    assert gpu_decode(ours[0][:-1], FRAME)[0] == DAMAGED  # truncated
+    assert gpu_decode(ours[0], FRAME + 1)[0] == DAMAGED  # not the size the chunk's table says

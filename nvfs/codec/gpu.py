@@ -32,7 +32,14 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
-from nvfs.codec.gpu_huffman import FRAME_CAPACITY, GPU_FRAME_SIZE, Frames, HuffmanFrames
+from nvfs.codec.gpu_huffman import (
+    FRAME_CAPACITY,
+    FRAME_DAMAGED,
+    FRAME_DECODED,
+    GPU_FRAME_SIZE,
+    Frames,
+    HuffmanFrames,
+)
 from nvfs.codec.planes import (
     FRAME_SIZE,
     ITEM_SIZE,
@@ -640,20 +647,35 @@ class GpuEngine:
 
     def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
                     frames: list[tuple[int, int, int, int]]) -> None:
-        """Decode frames (payload offset, stored length, plane buffer offset, size) in one nvCOMP call.
+        """Decode frames (payload offset, stored length, plane buffer offset, size).
 
         Frames lie packed in the payload; they are first gathered at aligned offsets, as nvCOMP
-        wants its inputs aligned.
+        wants its inputs aligned. Zstd frames of the shape this engine writes (Huffman-coded
+        literals only, RLE or raw) are decoded by our kernel; nvCOMP decodes the others (the
+        CPU engine's carry a few matches) and the ANS frames.
         """
-        sources, lengths, targets, sizes = (list(column) for column in zip(*frames, strict=True))
-        aligned = np.cumsum([0] + [-(-length // _ALIGN) * _ALIGN for length in lengths]).tolist()
-        gathered = cp.empty(aligned[-1], dtype=cp.uint8)
-        self._copy_segments(payload, gathered, list(zip(sources, aligned[:-1], lengths, strict=True)))
-        sources_batch = nvcomp.as_arrays(gathered, aligned[:-1], lengths, self._stream.ptr)
-        targets_batch = nvcomp.as_arrays(planes_buffer, targets, sizes, self._stream.ptr)
+        table = np.asarray(frames, dtype=np.int64).reshape(-1, 4)
+        lengths, targets, sizes = table[:, 1], table[:, 2], table[:, 3]
+        aligned = np.concatenate(([0], np.cumsum(-(-lengths // _ALIGN) * _ALIGN)))
+        gathered = cp.empty(int(aligned[-1]) + _ALIGN, dtype=cp.uint8)  # slack: the decoder reads whole words
+        self._copy_segments(payload, gathered, np.stack((table[:, 0], aligned[:-1], lengths), axis=1))
+        rest = np.arange(len(table))
+        if codec == Codec.ZSTD_FRAMES:
+            status = self._huffman.decode(gathered, aligned[:-1], lengths, planes_buffer, targets, sizes)
+            self._wait()
+            status = status.get()
+            if (status == FRAME_DAMAGED).any():
+                raise CodecError("zstd frames do not decode to their sizes (damaged chunk)")
+            rest = np.flatnonzero(status != FRAME_DECODED)
+            if not len(rest):
+                return
+        sources_batch = nvcomp.as_arrays(gathered, aligned[rest].tolist(), lengths[rest].tolist(),
+                                         self._stream.ptr)
+        targets_batch = nvcomp.as_arrays(planes_buffer, targets[rest].tolist(), sizes[rest].tolist(),
+                                         self._stream.ptr)
         decoded = self._coders[codec].decode(sources_batch, out=targets_batch)
         self._wait()
-        if batch_sizes(decoded) != sizes:
+        if batch_sizes(decoded) != sizes[rest].tolist():
             raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
 
     def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:

@@ -22,6 +22,8 @@ _THREADS = 256
 _TABLE_THREADS = 32
 _DESCRIPTION_STRIDE = 144  # these two must match DESCRIPTION_STRIDE and LANES in zstd_huffman.cu
 _LANES = 64
+_DECODE_THREADS = 64
+FRAME_DECODED, FRAME_UNSUPPORTED, FRAME_DAMAGED = 0, 1, 2  # decode statuses, as in zstd_huffman.cu
 _ALIGN = 256
 
 
@@ -67,6 +69,7 @@ class HuffmanFrames:
         self._plane_counts = module.get_function("plane_counts")
         self._build = module.get_function("build_tables")
         self._encode = module.get_function("encode_frames")
+        self._decode = module.get_function("decode_frames")
 
     def count(self, planes: cp.ndarray, frames: Frames, bounds: np.ndarray) -> Counts:
         """Count the bytes of every frame and plane (plane ``p`` has frames ``bounds[p]:bounds[p + 1]``)."""
@@ -103,3 +106,17 @@ class HuffmanFrames:
                       cp.asarray(frame_index.astype(np.int64)), counts.frames, frame_table, table,
                       descriptions, description_length, out, np.int64(FRAME_CAPACITY), frame_length))
         return out, frame_length
+
+    def decode(self, frames: cp.ndarray, start: np.ndarray, length: np.ndarray, out: cp.ndarray,
+               target: np.ndarray, size: np.ndarray) -> cp.ndarray:
+        """Decode the zstd frames at ``frames[start:start + length]`` into ``out[target:target + size]``.
+
+        Returns each frame's status (int32, on the device): :data:`FRAME_DECODED`,
+        :data:`FRAME_UNSUPPORTED` (a valid frame of another shape, left for another decoder)
+        or :data:`FRAME_DAMAGED`. ``frames`` needs a word of slack after the last frame.
+        """
+        status = cp.empty(len(start), dtype=cp.int32)
+        self._decode((len(start),), (_DECODE_THREADS,),
+                     (frames, cp.asarray(start), cp.asarray(length.astype(np.int32)), out, cp.asarray(target),
+                      cp.asarray(size.astype(np.int32)), status))
+        return status

@@ -116,6 +116,34 @@ __host__ __device__ static int highest_bit(u32 x) {
 
 #define WEIGHT_LOG 6  // accuracy of the FSE table for Huffman weights (zstd allows at most 6)
 
+// The FSE decoding table of normalized counts (RFC 8878, "From normalized distribution to
+// decoding tables"): "less than 1" symbols (-1) take the last states, the others are spread
+// over the rest; then each state's symbol, bits to read and baseline of the next state.
+__host__ __device__ static void fse_decode_table(const int* norm, int last_symbol, int log, u8* symbol,
+                                                 u8* nbits, u16* baseline) {
+    int size = 1 << log, high = size - 1, position = 0, next[HUF_MAX_BITS + 1];
+    for (int s = 0; s <= last_symbol; s++) {
+        if (norm[s] == -1) {
+            symbol[high--] = (u8)s;
+            next[s] = 1;
+        } else {
+            next[s] = norm[s];
+        }
+    }
+    for (int s = 0; s <= last_symbol; s++) {
+        for (int k = 0; k < norm[s]; k++) {
+            symbol[position] = (u8)s;
+            do position = (position + (size >> 1) + (size >> 3) + 3) & (size - 1);
+            while (position > high);
+        }
+    }
+    for (int state = 0; state < size; state++) {
+        int x = next[symbol[state]]++;
+        nbits[state] = (u8)(log - highest_bit(x));
+        baseline[state] = (u16)((x << nbits[state]) - size);
+    }
+}
+
 // Huffman weights w[0, n) coded with FSE as zstd's tree description allows (RFC 8878, "FSE
 // compression of Huffman weights"): the normalized counts, then one bitstream with two
 // interleaved states. Written by inverting the decoding table the spec defines, so that the
@@ -163,22 +191,9 @@ __host__ __device__ __noinline__ static int fse_weights(const u8* w, int n, u8* 
         }
     }
     if (bw.used) put_bits(&bw, 0, 8 - bw.used);
-    // The decoding table: symbols spread over the states, then each state's bits and baseline.
     u8 symbol[1 << WEIGHT_LOG], nbits[1 << WEIGHT_LOG];
     u16 baseline[1 << WEIGHT_LOG];
-    int position = 0, next[HUF_MAX_BITS + 1];
-    for (int s = 0; s <= last_symbol; s++) {
-        next[s] = norm[s];
-        for (int k = 0; k < norm[s]; k++) {
-            symbol[position] = (u8)s;
-            position = (position + (size >> 1) + (size >> 3) + 3) & (size - 1);
-        }
-    }
-    for (int state = 0; state < size; state++) {
-        int x = next[symbol[state]]++;
-        nbits[state] = (u8)(WEIGHT_LOG - highest_bit(x));
-        baseline[state] = (u16)((x << nbits[state]) - size);
-    }
+    fse_decode_table(norm, last_symbol, WEIGHT_LOG, symbol, nbits, baseline);
     // Decoding reads state 0 and state 1 of the weights, then after each weight i < n - 1 the
     // bits that lead to state i + 2; the read after weight n - 2 runs past the stream's start,
     // which ends the decoding with weight n - 1. So states are chosen from the last weight back.
@@ -332,6 +347,251 @@ __host__ __device__ static void write_head(u8* frame, int mode, u32 size, int sy
     frame[length - 1] = 0;  // no sequences: the block is its literals
 }
 
+// ---- Decoding: the frames above, and any zstd frame of the same shape (the CPU engine's) ----
+
+#define FRAME_UNSUPPORTED 1  // a valid frame of another shape (sequences, several blocks): nvCOMP's
+#define FRAME_DAMAGED 2
+#define CONTENT_RAW 0
+#define CONTENT_RLE 1
+#define CONTENT_HUFFMAN 2
+
+// What decoding a frame takes: its content's kind and where it lies.
+struct FrameContent {
+    int kind;
+    u32 offset;            // raw bytes, the RLE byte, or the first stream
+    int streams;           // 1 or 4 Huffman-coded streams
+    u32 stream_length[4];
+    int max_bits;
+    int symbols;
+};
+
+__host__ __device__ static u32 get_le(const u8* in, int bytes) {
+    u32 value = 0;
+    for (int k = 0; k < bytes; k++) value |= (u32)in[k] << (8 * k);
+    return value;
+}
+
+// The n bits (n <= 25) just below bit `position` of a stream read backwards; bits below the
+// stream's start read as 0. Reads the two aligned words around them (the callers' buffers
+// have slack for the word after the stream).
+__host__ __device__ static u32 bits_below(const u8* in, long long position, int n) {
+    long long low = position - n;
+    int missing = 0;
+    if (low < 0) {
+        missing = (int)-low;
+        low = 0;
+        n -= missing;
+        if (n <= 0) return 0;
+    }
+    const u8* at = in + low / 8;
+    const u32* word = (const u32*)((u64)at & ~(u64)3);
+    int shift = (int)(((u64)at & 3) * 8 + low % 8);
+    u64 both = (u64)word[0] | ((u64)word[1] << 32);
+    return (u32)((both >> shift) & ((1ull << n) - 1)) << missing;
+}
+
+// Reads a Huffman tree description (direct or FSE-coded weights) into weights (one per
+// symbol, the implied last one included); returns the bytes it took, or -1.
+__host__ __device__ static int read_weights(const u8* in, u32 available, u8* weights, int* symbols, int* max_bits) {
+    if (available < 1) return -1;
+    int header = in[0], n = 0, used;
+    if (header >= 128) {
+        n = header - 127;
+        used = 1 + (n + 1) / 2;
+        if ((u32)used > available) return -1;
+        for (int s = 0; s < n; s++) weights[s] = (u8)(s % 2 ? in[1 + s / 2] & 15 : in[1 + s / 2] >> 4);
+    } else {
+        used = 1 + header;
+        if ((u32)used > available || header < 2) return -1;
+        // Normalized counts, read forward (FSE_readNCount's format).
+        const u8* ncount = in + 1;
+        u32 bit = 0, limit = 8 * (u32)header;
+        int norm[HUF_MAX_BITS + 1];
+        #define TAKE(count, into) do { if (bit + (count) > limit) return -1; \
+            into = (int)((get_le(ncount + bit / 8, (bit % 8 + (count) + 7) / 8) >> (bit % 8)) & ((1u << (count)) - 1)); \
+            bit += (count); } while (0)
+        int log;
+        TAKE(4, log);
+        log += 5;
+        if (log > WEIGHT_LOG) return -1;
+        int remaining = (1 << log) + 1, threshold = 1 << log, nb = log + 1, s = 0;
+        bool previous0 = false;
+        while (remaining > 1) {
+            if (previous0) {
+                int repeat;
+                do {
+                    TAKE(2, repeat);
+                    for (int k = 0; k < repeat; k++) {
+                        if (s > HUF_MAX_BITS) return -1;
+                        norm[s++] = 0;
+                    }
+                } while (repeat == 3);
+            }
+            if (s > HUF_MAX_BITS) return -1;
+            int max = 2 * threshold - 1 - remaining, low, count;
+            if (bit + nb - 1 > limit) return -1;
+            low = (int)((get_le(ncount + bit / 8, (bit % 8 + nb - 1 + 7) / 8) >> (bit % 8)) & (threshold - 1));
+            if (low < max) {
+                count = low;
+                bit += nb - 1;
+            } else {
+                TAKE(nb, count);
+                if (count >= threshold) count -= max;
+            }
+            count--;
+            remaining -= count < 0 ? -count : count;
+            norm[s++] = count;
+            previous0 = count == 0;
+            while (remaining < threshold) { nb--; threshold >>= 1; }
+        }
+        #undef TAKE
+        if (remaining != 1) return -1;
+        int last_symbol = s - 1;
+        u8 symbol[1 << WEIGHT_LOG], nbits[1 << WEIGHT_LOG];
+        u16 baseline[1 << WEIGHT_LOG];
+        fse_decode_table(norm, last_symbol, log, symbol, nbits, baseline);
+        // Two interleaved states, read backwards; the read that runs past the start ends it.
+        const u8* stream = ncount + (bit + 7) / 8;
+        long long length = in + used - stream;
+        if (length < 1 || stream[length - 1] == 0) return -1;
+        long long position = 8 * (length - 1) + highest_bit(stream[length - 1]);
+        int state[2];
+        for (int k = 0; k < 2; k++) {
+            state[k] = (int)bits_below(stream, position, log);
+            position -= log;
+        }
+        if (position < 0) return -1;
+        for (int k = 0;; k ^= 1) {
+            if (n >= 255) return -1;
+            int current = state[k];
+            weights[n++] = symbol[current];
+            state[k] = baseline[current] + (int)bits_below(stream, position, nbits[current]);
+            position -= nbits[current];
+            if (position < 0) {  // past the start: the other state holds the last weight
+                if (n >= 255) return -1;
+                weights[n++] = symbol[state[k ^ 1]];
+                break;
+            }
+        }
+    }
+    u32 total = 0;  // the last symbol's weight completes the others' to a power of 2
+    for (int s = 0; s < n; s++) {
+        if (weights[s] > HUF_MAX_BITS) return -1;
+        if (weights[s]) total += 1u << (weights[s] - 1);
+    }
+    if (total == 0) return -1;
+    int bits = highest_bit(total) + 1;
+    u32 rest = (1u << bits) - total;
+    if (bits > HUF_MAX_BITS || (rest & (rest - 1))) return -1;
+    weights[n] = (u8)(highest_bit(rest) + 1);
+    *symbols = n + 1;
+    *max_bits = bits;
+    return used;
+}
+
+// Where each symbol's entries start in the decoding table: canonical order, as in huffman_table.
+__host__ __device__ static void huffman_starts(const u8* weights, int symbols, int max_bits, u16* start) {
+    u32 slot = 0;
+    for (int weight = 1; weight <= max_bits; weight++) {
+        for (int s = 0; s < symbols; s++) {
+            if (weights[s] != weight) continue;
+            start[s] = (u16)slot;
+            slot += 1u << (weight - 1);
+        }
+    }
+}
+
+// A symbol's entries in the decoding table (indexed by the next max_bits bits): symbol | length << 8.
+__host__ __device__ static void fill_symbol(u16* table, u16 start, int weight, int max_bits, int symbol) {
+    if (!weight) return;
+    u16 entry = (u16)(symbol | (max_bits + 1 - weight) << 8);
+    for (u32 k = 0; k < 1u << (weight - 1); k++) table[start + k] = entry;
+}
+
+// Decodes `count` symbols of one Huffman-coded stream; 0, or FRAME_DAMAGED when the stream
+// does not end exactly where its last symbol does.
+__host__ __device__ static int decode_stream(const u8* in, u32 length, const u16* table, int max_bits, u8* out,
+                                             u32 count) {
+    if (length == 0 || in[length - 1] == 0) return FRAME_DAMAGED;
+    long long position = 8LL * (length - 1) + highest_bit(in[length - 1]);
+    for (u32 i = 0; i < count; i++) {
+        u16 entry = table[bits_below(in, position, max_bits)];
+        out[i] = (u8)entry;
+        position -= entry >> 8;
+    }
+    return position == 0 ? 0 : FRAME_DAMAGED;
+}
+
+// Where a frame of `size` decoded bytes keeps its content; 0, or FRAME_UNSUPPORTED for valid
+// frames of other shapes (several blocks, sequences, dictionaries), or FRAME_DAMAGED.
+__host__ __device__ static int parse_frame(const u8* frame, u32 length, u32 size, u8* weights,
+                                           FrameContent* content) {
+    if (length < 9 || get_le(frame, 4) != 0xFD2FB528u || (frame[4] & 0x08)) return FRAME_DAMAGED;
+    if (frame[4] & 0x03) return FRAME_UNSUPPORTED;  // a dictionary
+    int single = (frame[4] >> 5) & 1, flag = frame[4] >> 6;
+    int content_bytes = flag == 0 ? single : (flag == 1 ? 2 : (flag == 2 ? 4 : 8));
+    u32 at = 5 + (single ? 0 : 1);
+    if (at + content_bytes + 3 > length) return FRAME_DAMAGED;
+    if (content_bytes == 8 && get_le(frame + at + 4, 4) != 0) return FRAME_DAMAGED;
+    if (content_bytes && get_le(frame + at, content_bytes < 8 ? content_bytes : 4) + (flag == 1 ? 256 : 0) != size)
+        return FRAME_DAMAGED;
+    at += content_bytes;
+    u32 block = get_le(frame + at, 3), block_size = block >> 3;
+    int type = (block >> 1) & 3;
+    at += 3;
+    if (!(block & 1)) return FRAME_UNSUPPORTED;  // more than one block
+    content->offset = at;
+    if (type == 0 || type == 1) {
+        content->kind = type == 0 ? CONTENT_RAW : CONTENT_RLE;
+        return block_size == size && at + (type == 0 ? size : 1) <= length ? 0 : FRAME_DAMAGED;
+    }
+    if (type == 3 || at + block_size > length || block_size < 2) return FRAME_DAMAGED;
+    const u8* section = frame + at;
+    int literals = section[0] & 3, format = (section[0] >> 2) & 3;
+    u32 header, regenerated, stored;
+    content->streams = 1;
+    if (literals <= 1) {  // raw or RLE literals
+        header = format == 1 ? 2 : (format == 3 ? 3 : 1);
+        regenerated = format == 1 ? get_le(section, 2) >> 4 : (format == 3 ? get_le(section, 3) >> 4 : section[0] >> 3);
+        stored = literals == 0 ? regenerated : 1;
+    } else if (literals == 2) {
+        header = format <= 1 ? 3 : (format == 2 ? 4 : 5);
+        int width = format <= 1 ? 10 : (format == 2 ? 14 : 18);
+        u64 fields = (u64)get_le(section, 4) | ((u64)(header == 5 ? section[4] : 0) << 32);
+        regenerated = (u32)((fields >> 4) & ((1u << width) - 1));
+        stored = (u32)((fields >> (4 + width)) & ((1u << width) - 1));
+        content->streams = format == 0 ? 1 : 4;
+    } else {
+        return FRAME_UNSUPPORTED;  // literals coded with an earlier block's table
+    }
+    if (header + stored + 1 > block_size) return FRAME_DAMAGED;
+    if (regenerated != size || section[header + stored] != 0) return FRAME_UNSUPPORTED;  // sequences
+    if (header + stored + 1 != block_size) return FRAME_DAMAGED;
+    content->offset = at + header;
+    if (literals <= 1) {
+        content->kind = literals == 0 ? CONTENT_RAW : CONTENT_RLE;
+        return 0;
+    }
+    int symbols, used = read_weights(section + header, stored, weights, &symbols, &content->max_bits);
+    if (used < 0) return FRAME_DAMAGED;
+    content->kind = CONTENT_HUFFMAN;
+    content->symbols = symbols;
+    content->offset += used;
+    u32 streams = stored - used;
+    if (content->streams == 1) {
+        content->stream_length[0] = streams;
+        return 0;
+    }
+    if (streams < 10) return FRAME_DAMAGED;
+    const u8* jump = section + header + used;
+    u32 sum = 0;
+    for (int k = 0; k < 3; k++) sum += content->stream_length[k] = get_le(jump + 2 * k, 2);
+    if (sum + 6 + 1 > streams) return FRAME_DAMAGED;
+    content->stream_length[3] = streams - 6 - sum;
+    content->offset += JUMP_TABLE;
+    return 0;
+}
+
 #ifndef NVFS_HOST_BUILD  // a host build (the tests) takes the functions above only
 extern "C" {
 
@@ -452,6 +712,48 @@ __global__ void encode_frames(const u8* planes, const long long* frame_start, co
     if (threadIdx.x == 0)
         write_head(frame, mode, size, symbol, descriptions + (long long)DESCRIPTION_STRIDE * t, described,
                    stream_bytes, length);
+}
+
+// One block of 64 threads per frame: thread 0 reads the frame's headers and tree; all fill the
+// decoding table; then one thread per stream decodes. `status`: 0, FRAME_UNSUPPORTED (left
+// for nvCOMP) or FRAME_DAMAGED. Frames lie in a buffer with 8 bytes of slack after the last.
+__global__ void decode_frames(const u8* frames, const long long* frame_start, const int* frame_length, u8* out,
+                              const long long* out_start, const int* out_size, int* status) {
+    __shared__ u16 table[1 << HUF_MAX_BITS];
+    __shared__ u16 start[256];
+    __shared__ u8 weights[256];
+    __shared__ FrameContent content;
+    __shared__ int result;
+    int f = blockIdx.x;
+    const u8* frame = frames + frame_start[f];
+    u8* target = out + out_start[f];
+    u32 size = (u32)out_size[f];
+    if (threadIdx.x == 0) {
+        result = parse_frame(frame, (u32)frame_length[f], size, weights, &content);
+        if (result == 0 && content.kind == CONTENT_HUFFMAN)
+            huffman_starts(weights, content.symbols, content.max_bits, start);
+    }
+    __syncthreads();
+    if (result == 0 && content.kind == CONTENT_RAW) {
+        for (u32 k = threadIdx.x; k < size; k += blockDim.x) target[k] = frame[content.offset + k];
+    } else if (result == 0 && content.kind == CONTENT_RLE) {
+        for (u32 k = threadIdx.x; k < size; k += blockDim.x) target[k] = frame[content.offset];
+    } else if (result == 0) {
+        for (int s = threadIdx.x; s < content.symbols; s += blockDim.x)
+            fill_symbol(table, start[s], weights[s], content.max_bits, s);
+        __syncthreads();
+        if ((int)threadIdx.x < content.streams) {
+            u32 offset = content.offset;
+            for (int k = 0; k < (int)threadIdx.x; k++) offset += content.stream_length[k];
+            long long first = 0, count = size;
+            if (content.streams == 4) stream_span(size, threadIdx.x, &first, &count);
+            int damaged = decode_stream(frame + offset, content.stream_length[threadIdx.x], table, content.max_bits,
+                                        target + first, (u32)count);
+            if (damaged) atomicMax(&result, damaged);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) status[f] = result;
 }
 
 }
