@@ -19,6 +19,7 @@ kernel per transform step and one launch per coder for all sub-blocks of the bat
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import queue
@@ -241,6 +242,10 @@ class _Job:
     output: cp.ndarray
     capacity: int
     lengths: Callable[[], Sequence[int]]
+
+
+# A framed plane to decode: payload offset, plane buffer offset, plane length, frame size, frame lengths.
+_FramedPlane = tuple[int, int, int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -470,7 +475,7 @@ class GpuEngine:
         total = sum(entry.length for table in tables for entry in table)
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         raw_segments: list[tuple[int, int, int]] = []
-        framed: dict[Codec, list[tuple[int, int, int, int]]] = {}  # codec: (src, length, dst, size)
+        framed: dict[Codec, list[_FramedPlane]] = {}
         for chunk, table in enumerate(tables):
             source = payload_offsets[chunk]
             for entry, placed in zip(table, layout.regions[chunk], strict=True):
@@ -481,14 +486,14 @@ class GpuEngine:
                         raw_segments.append((source, target, plane.stored))
                     elif plane.codec == Codec.ZSTD:  # one frame (the CPU engine's byte regions)
                         framed.setdefault(Codec.ZSTD_FRAMES, []).append(
-                            (source, plane.stored, target, plane_length))
+                            (source, target, plane_length, plane_length, (plane.stored,)))
                     else:
-                        frames = _frames_of(plane, source, target, plane_length)
-                        framed.setdefault(plane.codec, []).extend(frames)
+                        framed.setdefault(plane.codec, []).append(
+                            (source, target, plane_length, plane.frame_size, plane.frame_lengths))
                     source += plane.stored
         self._copy_segments(payload, planes_buffer, raw_segments)
-        for codec, frames in framed.items():
-            self._decompress(codec, payload, planes_buffer, frames)
+        for codec, planes in framed.items():
+            self._decompress(codec, payload, planes_buffer, _frame_table(planes))
         out = cp.empty(total, dtype=cp.uint8)
         self._launch(self._merge, planes_buffer, out, layout)
         return out
@@ -646,7 +651,7 @@ class GpuEngine:
         return PlaneEntry(Codec.RAW, length)
 
     def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
-                    frames: list[tuple[int, int, int, int]]) -> None:
+                    frames: np.ndarray) -> None:
         """Decode frames (payload offset, stored length, plane buffer offset, size).
 
         Frames lie packed in the payload; they are first gathered at aligned offsets, as nvCOMP
@@ -654,12 +659,11 @@ class GpuEngine:
         literals only, RLE or raw) are decoded by our kernel; nvCOMP decodes the others (the
         CPU engine's carry a few matches) and the ANS frames.
         """
-        table = np.asarray(frames, dtype=np.int64).reshape(-1, 4)
-        lengths, targets, sizes = table[:, 1], table[:, 2], table[:, 3]
+        lengths, targets, sizes = frames[:, 1], frames[:, 2], frames[:, 3]
         aligned = np.concatenate(([0], np.cumsum(-(-lengths // _ALIGN) * _ALIGN)))
         gathered = cp.empty(int(aligned[-1]) + _ALIGN, dtype=cp.uint8)  # slack: the decoder reads whole words
-        self._copy_segments(payload, gathered, np.stack((table[:, 0], aligned[:-1], lengths), axis=1))
-        rest = np.arange(len(table))
+        self._copy_segments(payload, gathered, np.stack((frames[:, 0], aligned[:-1], lengths), axis=1))
+        rest = np.arange(len(frames))
         if codec == Codec.ZSTD_FRAMES:
             status = self._huffman.decode(gathered, aligned[:-1], lengths, planes_buffer, targets, sizes)
             self._wait()
@@ -747,15 +751,22 @@ def _table_layout(tables: Sequence[Sequence[RegionEntry]]) -> _Layout:
     return _layout([[Region(entry.length, entry.kind) for entry in table] for table in tables])
 
 
-def _frames_of(plane: PlaneEntry, source: int, target: int,
-               plane_length: int) -> list[tuple[int, int, int, int]]:
-    """(source, stored length, target, decoded size) of each frame of a framed plane."""
-    frames = []
-    for index, stored in enumerate(plane.frame_lengths):
-        size = min(plane.frame_size, plane_length - index * plane.frame_size)
-        frames.append((source, stored, target + index * plane.frame_size, size))
-        source += stored
-    return frames
+def _frame_table(planes: Sequence[_FramedPlane]) -> np.ndarray:
+    """Rows (payload offset, stored length, plane buffer offset, decoded size), one per frame of
+    framed planes given as (payload offset, plane buffer offset, plane length, frame size,
+    frame lengths): Python work per plane, numpy per frame."""
+    counts = np.array([len(plane[4]) for plane in planes], dtype=np.int64)
+    lengths = np.fromiter(itertools.chain.from_iterable(plane[4] for plane in planes), dtype=np.int64,
+                          count=int(counts.sum()))
+    columns = np.array([plane[:4] for plane in planes], dtype=np.int64).reshape(-1, 4)
+    owner = np.repeat(np.arange(len(planes)), counts)
+    first = np.cumsum(counts) - counts
+    index = np.arange(len(lengths)) - first[owner]
+    before = np.cumsum(lengths) - lengths  # stored bytes of the frames before, in all planes
+    sources = columns[owner, 0] + before - before[first][owner]
+    frame_size = columns[owner, 3]
+    sizes = np.minimum(frame_size, columns[owner, 2] - index * frame_size)
+    return np.stack((sources, lengths, columns[owner, 1] + index * frame_size, sizes), axis=1)
 
 
 def batch_sizes(batch) -> list[int]:

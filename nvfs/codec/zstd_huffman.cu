@@ -509,17 +509,38 @@ __host__ __device__ static void fill_symbol(u16* table, u16 start, int weight, i
 }
 
 // Decodes `count` symbols of one Huffman-coded stream; 0, or FRAME_DAMAGED when the stream
-// does not end exactly where its last symbol does.
+// does not end exactly where its last symbol does. The next bits wait in a register window,
+// refilled 24 bits at a time (several symbols: exponents take about 3 bits each); decoded
+// bytes are stored a word at a time where the output is aligned.
 __host__ __device__ static int decode_stream(const u8* in, u32 length, const u16* table, int max_bits, u8* out,
                                              u32 count) {
     if (length == 0 || in[length - 1] == 0) return FRAME_DAMAGED;
-    long long position = 8LL * (length - 1) + highest_bit(in[length - 1]);
+    long long loaded = 8LL * (length - 1) + highest_bit(in[length - 1]);  // bits below it not yet in the window
+    u64 window = 0;  // the `filled` bits above `loaded` not yet consumed, in its low bits
+    int filled = 0;
+    u32 mask = (1u << max_bits) - 1, pending = 0;
+    bool words = ((u64)out & 3) == 0;
     for (u32 i = 0; i < count; i++) {
-        u16 entry = table[bits_below(in, position, max_bits)];
-        out[i] = (u8)entry;
-        position -= entry >> 8;
+        if (filled < max_bits) {
+            window = (window << 24) | bits_below(in, loaded, 24);
+            loaded -= 24;
+            filled += 24;
+        }
+        u16 entry = table[(window >> (filled - max_bits)) & mask];
+        filled -= entry >> 8;
+        if (!words) {
+            out[i] = (u8)entry;
+            continue;
+        }
+        pending |= (u32)(entry & 0xFF) << (8 * (i & 3));
+        if ((i & 3) == 3) {
+            *(u32*)(out + i - 3) = pending;
+            pending = 0;
+        }
     }
-    return position == 0 ? 0 : FRAME_DAMAGED;
+    if (words)
+        for (u32 i = count & ~3u; i < count; i++) out[i] = (u8)(pending >> (8 * (i & 3)));
+    return loaded + filled == 0 ? 0 : FRAME_DAMAGED;
 }
 
 // Where a frame of `size` decoded bytes keeps its content; 0, or FRAME_UNSUPPORTED for valid
