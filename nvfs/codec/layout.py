@@ -16,6 +16,7 @@ regions it holds. Anything it cannot place (other formats, out-of-order writes) 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import pickle
@@ -82,14 +83,14 @@ class _Buffer:
     def __init__(self) -> None:
         self.base = 0  # file offset of carry[0]
         self.carry = b""  # copied bytes from earlier chunks, followed by chunk[at:]
-        self.chunk: bytes | bytearray = b""
+        self.chunk: bytes | bytearray | memoryview = b""
         self.at = 0
 
     @property
     def end(self) -> int:
         return self.base + len(self.carry) + len(self.chunk) - self.at
 
-    def feed(self, offset: int, data: bytes | bytearray, keep_from: int) -> None:
+    def feed(self, offset: int, data: bytes | bytearray | memoryview, keep_from: int) -> None:
         if offset != self.end:
             self.base, self.carry, self.chunk, self.at = offset, b"", b"", 0
         leftover = self.get(max(keep_from, self.base), max(0, self.end - max(keep_from, self.base)))
@@ -128,13 +129,25 @@ class _Buffer:
         relative = start - self.base
         if relative >= len(self.carry):  # within the fed chunk: search it in place
             begin = self.at + relative - len(self.carry)
-            found = self.chunk.find(pattern, begin, begin + limit)
+            found = _find_in(self.chunk, pattern, begin, begin + limit)
             return -1 if found < 0 else start + found - begin
         window = self.get(start, min(limit, len(self.carry) - relative + len(pattern)))
         found = window.find(pattern)
         if found >= 0:
             return start + found
         return self.find(pattern, self.base + len(self.carry), limit - len(window) + len(pattern))
+
+
+@functools.lru_cache(maxsize=8)
+def _literal(pattern: bytes) -> re.Pattern[bytes]:
+    return re.compile(re.escape(pattern))
+
+
+def _find_in(data: bytes | bytearray | memoryview, pattern: bytes, start: int, end: int) -> int:
+    """``data.find(pattern, start, end)`` for any bytes-like object, without a copy (the vfs
+    feeds memoryviews, which have no ``find``)."""
+    match = _literal(pattern).search(data, start, end)
+    return match.start() if match else -1
 
 
 class _Parser:
@@ -365,7 +378,7 @@ class LayoutTracker:
         self._expected = 0
         self._in_order = True
 
-    def chunk_regions(self, offset: int, data: bytes | bytearray) -> list[Region] | None:
+    def chunk_regions(self, offset: int, data: bytes | bytearray | memoryview) -> list[Region] | None:
         """Feed the chunk at ``offset``; return its regions, or ``None`` if they are unknown.
 
         ``data`` is kept by reference until the next chunk is fed: it must not change.

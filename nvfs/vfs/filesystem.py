@@ -23,7 +23,7 @@ import trio
 
 from nvfs.store import ChunkCorrupt, ChunkUnreadable, Manifest, Store, StoreUnavailable
 from nvfs.vfs.cache import ChunkCache
-from nvfs.vfs.content import FileContent, Slot
+from nvfs.vfs.content import FileContent, Slot, SlotBuffer
 from nvfs.vfs.node import Node, Stat
 
 log = logging.getLogger(__name__)
@@ -580,9 +580,7 @@ class Vfs:
             index, start = divmod(position, size)
             count = min(size - start, len(data) - done)
             buffer = await self._writable_buffer(node, content, index, start, count)
-            if len(buffer) < start:
-                buffer.extend(bytes(start - len(buffer)))
-            buffer[start : start + count] = data[done : done + count]
+            buffer.write(start, data[done : done + count])
             if start + count == size:
                 await self._submit(node, index)
             done += count
@@ -590,19 +588,19 @@ class Vfs:
             await self._submit(node, next(iter(content.dirty_slots)))
 
     async def _writable_buffer(self, node: Node, content: FileContent, index: int, start: int,
-                               count: int) -> bytearray:
+                               count: int) -> SlotBuffer:
         """The dirty buffer of a slot, made from its current data if it has none yet."""
         slot = content.slots[index]
         if slot.buffer is not None:
             return slot.buffer
         if slot.frozen is not None:
-            base: bytes | bytearray = slot.frozen
+            base: bytes | memoryview = slot.frozen
         elif slot.ref is not None and not (start == 0 and count >= slot.ref.length):
             base = await self._chunk_bytes(node, index, slot)
         else:
             base = b""
         self._replace_ref(content, slot, None)
-        slot.buffer = bytearray(base[: content.slot_length(index)])
+        slot.buffer = SlotBuffer(content.chunk_size, base[: content.slot_length(index)], start + count)
         slot.frozen = None
         slot.version += 1
         content.dirty_slots[index] = None
@@ -621,7 +619,7 @@ class Vfs:
         slot = content.slots[index]
         if slot.buffer is None:
             return
-        data = slot.buffer  # frozen from here on: a later write to the slot starts a new buffer
+        data = slot.buffer.view()  # frozen from here on: a later write to the slot starts a new buffer
         slot.buffer, slot.frozen = None, data
         slot.version += 1
         content.dirty_slots.pop(index, None)
@@ -691,7 +689,7 @@ class Vfs:
         index, keep = divmod(size, content.chunk_size)
         if keep and index < len(content.slots):
             buffer = await self._writable_buffer(node, content, index, 0, 0)
-            del buffer[keep:]
+            buffer.truncate(keep)
 
     # ----- reading ------------------------------------------------------------------------
 
@@ -714,9 +712,10 @@ class Vfs:
             index, start = divmod(position, chunk)
             count = min(chunk - start, end - position)
             data = await self._slot_bytes(node, content, index)
-            piece = memoryview(data)[start : start + count]
-            if index < len(content.slots) and data is content.slots[index].buffer:
-                piece = bytes(piece)  # a dirty buffer: later writes may change or resize it
+            if isinstance(data, SlotBuffer):
+                piece = memoryview(bytes(data.view()[start : start + count]))  # later writes change it
+            else:
+                piece = memoryview(data)[start : start + count]
             pieces.append(piece)
             if len(piece) < count:
                 pieces.append(bytes(count - len(piece)))
@@ -724,7 +723,8 @@ class Vfs:
         self._read_ahead(handle, content, offset, end)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    async def _slot_bytes(self, node: Node, content: FileContent, index: int) -> bytes | bytearray:
+    async def _slot_bytes(self, node: Node, content: FileContent, index: int
+                          ) -> bytes | memoryview | SlotBuffer:
         slot = content.slots[index] if index < len(content.slots) else Slot()
         if slot.buffer is not None:
             return slot.buffer
