@@ -136,17 +136,24 @@ def _parse_plane(params: bytes, cursor: int, plane_length: int) -> tuple[PlaneEn
 def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
     """Split whole values into byte planes, most significant (exponent) plane first.
 
-    Each plane is cut out of the rotated values with a shift and a narrowing cast: contiguous
-    passes, about twice as fast as gathering every n-th byte.
+    Each plane is cut out of the rotated values by one shift whose result numpy narrows to
+    bytes as it stores it (``out=`` a byte array): one pass per plane, no temporaries, and few
+    numpy calls — in the daemon each call gives up and takes back the GIL, which costs more
+    than the pass when the FUSE thread is busy.
     """
     size = ITEM_SIZE[kind]
     raw = np.frombuffer(data, dtype=np.uint8)
     if size == 1:
         return [raw]
     values = raw.view(_UINT[size])
-    bits = size * 8
-    rotated = (values << 1) | (values >> (bits - 1))
-    return [(rotated >> (8 * (size - 1 - index))).astype(np.uint8) for index in range(size)]
+    rotated = values << 1
+    rotated |= values >> (size * 8 - 1)
+    planes = []
+    for index in range(size):
+        plane = np.empty(len(values), dtype=np.uint8)
+        np.right_shift(rotated, 8 * (size - 1 - index), out=plane, casting="unsafe")
+        planes.append(plane)
+    return planes
 
 
 def from_planes(planes: Sequence[bytes | memoryview | np.ndarray], kind: ElementKind,
