@@ -5,9 +5,9 @@ into byte planes, near-random planes stored raw (the CPU engine's entropy test, 
 planes), the others cut into 64 KiB sub-blocks, each one standard zstd frame. Those frames
 come from the kernels of ``zstd_huffman.cu`` (:mod:`nvfs.codec.gpu_huffman`): Huffman-coded
 literals and nothing else, which is all that zstd gains on float planes, at tens of GB/s.
-A CPU-only machine reads these chunks with the ``zstandard`` package, and this engine reads chunks the
-CPU engine wrote (nvCOMP's Zstd decodes every frame). ``codec="ans"`` codes the sub-blocks
-with nvCOMP's ANS instead: GPU-only.
+A CPU-only machine reads these chunks with the ``zstandard`` package; this engine decodes
+frames of that shape with its own kernel and others (the CPU engine's carry a few matches)
+with nvCOMP's Zstd. ``codec="ans"`` codes the sub-blocks with nvCOMP's ANS instead: GPU-only.
 
 GPU work is done in batches: the store's worker threads call :meth:`GpuEngine.encode` and
 :meth:`GpuEngine.decode` concurrently; each call queues its chunk and waits, and one

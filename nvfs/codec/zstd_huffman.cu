@@ -11,6 +11,8 @@
 //   block header | literals header (4 streams, 18-bit sizes) | tree description |
 //   jump table | 4 streams | sequences header (0 sequences)
 // or, where coding does not pay, a raw block; a frame of one repeated byte is an RLE block.
+// decode_frames reads such frames back (also with one literal stream); frames of any other
+// shape, such as the CPU engine's with their few matches, it leaves to nvCOMP.
 //
 // The functions are host functions too: tests/test_zstd_huffman.py builds them with a C++
 // compiler and checks the frames against the reference decoder on machines without a GPU.
