@@ -19,7 +19,6 @@ kernel per transform step and one launch per coder for all sub-blocks of the bat
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
 import os
 import queue
@@ -33,14 +32,8 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
-from nvfs.codec.gpu_huffman import (
-    FRAME_CAPACITY,
-    FRAME_DAMAGED,
-    FRAME_DECODED,
-    GPU_FRAME_SIZE,
-    Frames,
-    HuffmanFrames,
-)
+from nvfs.codec.frames import FramedPlane, Frames, frame_table, plane_frames
+from nvfs.codec.gpu_huffman import FRAME_CAPACITY, FRAME_DAMAGED, FRAME_DECODED, GPU_FRAME_SIZE, HuffmanFrames
 from nvfs.codec.planes import (
     FRAME_SIZE,
     ITEM_SIZE,
@@ -244,10 +237,6 @@ class _Job:
     lengths: Callable[[], Sequence[int]]
 
 
-# A framed plane to decode: payload offset, plane buffer offset, plane length, frame size, frame lengths.
-_FramedPlane = tuple[int, int, int, int, tuple[int, ...]]
-
-
 @dataclass(frozen=True)
 class _Placed:
     """A region of a batch: where its bytes lie in the data and its planes in the plane buffer."""
@@ -448,7 +437,7 @@ class GpuEngine:
         planes = np.array([(placed.plane_start(index), placed.plane_length)
                            for chunk_regions in layout.regions for placed in chunk_regions
                            for index in range(ITEM_SIZE[placed.kind])], dtype=np.int64).reshape(-1, 2)
-        frames, bounds = _plane_frames(planes, self._frame_size)
+        frames, bounds = plane_frames(planes, self._frame_size)
         coded = self._code(planes_buffer, planes[:, 1], frames, bounds)
         return self._assemble(planes_buffer, layout, planes, bounds, coded)
 
@@ -475,7 +464,7 @@ class GpuEngine:
         total = sum(entry.length for table in tables for entry in table)
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         raw_segments: list[tuple[int, int, int]] = []
-        framed: dict[Codec, list[_FramedPlane]] = {}
+        framed: dict[Codec, list[FramedPlane]] = {}
         for chunk, table in enumerate(tables):
             source = payload_offsets[chunk]
             for entry, placed in zip(table, layout.regions[chunk], strict=True):
@@ -493,7 +482,7 @@ class GpuEngine:
                     source += plane.stored
         self._copy_segments(payload, planes_buffer, raw_segments)
         for codec, planes in framed.items():
-            self._decompress(codec, payload, planes_buffer, _frame_table(planes))
+            self._decompress(codec, payload, planes_buffer, frame_table(planes))
         out = cp.empty(total, dtype=cp.uint8)
         self._launch(self._merge, planes_buffer, out, layout)
         return out
@@ -704,18 +693,6 @@ def _copy_pieces(segments: np.ndarray) -> np.ndarray:
                      np.minimum(lengths[owner] - skip, COPY_PIECE)))
 
 
-def _plane_frames(planes: np.ndarray, frame_size: int) -> tuple[Frames, np.ndarray]:
-    """The frames of planes (rows: offset and length in the plane buffer), and the bounds of
-    each plane's frames among them (``bounds[p]:bounds[p + 1]``)."""
-    offsets, lengths = planes[:, 0], planes[:, 1]
-    counts = -(-lengths // frame_size)
-    bounds = np.concatenate(([0], np.cumsum(counts)))
-    plane = np.repeat(np.arange(len(planes)), counts)
-    index = np.arange(bounds[-1]) - bounds[plane]
-    sizes = np.minimum(frame_size, lengths[plane] - index * frame_size)
-    return Frames(offsets[plane] + index * frame_size, sizes, plane), bounds
-
-
 def _request_bytes(request: tuple) -> int:
     kind, item, _ = request
     return len(item[0]) if kind == "encode" else item[1]
@@ -749,24 +726,6 @@ def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
 def _table_layout(tables: Sequence[Sequence[RegionEntry]]) -> _Layout:
     """:func:`_layout` of chunks described by their parameter tables."""
     return _layout([[Region(entry.length, entry.kind) for entry in table] for table in tables])
-
-
-def _frame_table(planes: Sequence[_FramedPlane]) -> np.ndarray:
-    """Rows (payload offset, stored length, plane buffer offset, decoded size), one per frame of
-    framed planes given as (payload offset, plane buffer offset, plane length, frame size,
-    frame lengths): Python work per plane, numpy per frame."""
-    counts = np.array([len(plane[4]) for plane in planes], dtype=np.int64)
-    lengths = np.fromiter(itertools.chain.from_iterable(plane[4] for plane in planes), dtype=np.int64,
-                          count=int(counts.sum()))
-    columns = np.array([plane[:4] for plane in planes], dtype=np.int64).reshape(-1, 4)
-    owner = np.repeat(np.arange(len(planes)), counts)
-    first = np.cumsum(counts) - counts
-    index = np.arange(len(lengths)) - first[owner]
-    before = np.cumsum(lengths) - lengths  # stored bytes of the frames before, in all planes
-    sources = columns[owner, 0] + before - before[first][owner]
-    frame_size = columns[owner, 3]
-    sizes = np.minimum(frame_size, columns[owner, 2] - index * frame_size)
-    return np.stack((sources, lengths, columns[owner, 1] + index * frame_size, sizes), axis=1)
 
 
 def batch_sizes(batch) -> list[int]:

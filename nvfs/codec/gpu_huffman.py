@@ -18,6 +18,8 @@ from importlib import resources
 import cupy as cp
 import numpy as np
 
+from nvfs.codec.frames import Frames
+
 _THREADS = 256
 _TABLE_THREADS = 32
 _DESCRIPTION_STRIDE = 144  # these two must match DESCRIPTION_STRIDE and LANES in zstd_huffman.cu
@@ -37,18 +39,6 @@ def _aligned(size: int) -> int:
 # bytes. Readers take any frame size (docs/FORMAT.md).
 GPU_FRAME_SIZE = 64 << 10
 FRAME_CAPACITY = _aligned(GPU_FRAME_SIZE + 64)  # the largest frame: raw, 12 bytes of headers and the bytes
-
-
-@dataclass
-class Frames:
-    """Frames of a plane buffer: start and size of each, and the plane each belongs to."""
-
-    start: np.ndarray  # int64
-    size: np.ndarray  # int64
-    plane: np.ndarray  # int64, ascending
-
-    def subset(self, chosen: np.ndarray) -> Frames:
-        return Frames(self.start[chosen], self.size[chosen], self.plane[chosen])
 
 
 @dataclass
