@@ -11,8 +11,8 @@ knows it for torch.save and safetensors files.
 
 Rows, for each dtype, all in one run:
 
-* ``nvfs gpu portable``: the portable format as the GPU engine writes it (planes + 128 KiB
-  standard zstd frames for float planes, nvCOMP's Zstd; the CPU engine reads it);
+* ``nvfs gpu portable``: the portable format as the GPU engine writes it (planes + 64 KiB
+  standard zstd frames of Huffman-coded literals from its own kernels; the CPU engine reads it);
 * ``nvfs gpu ans``: ``-o codec=ans`` (planes + nvCOMP ANS frames, GPU-only);
 * ``nvCOMP Zstd`` / ``nvCOMP ANS u1`` / ``nvCOMP ANS <f2|<f4``: nvCOMP called directly on the raw
   bytes in 128 KiB chunks, one batch for the whole buffer (no transform);

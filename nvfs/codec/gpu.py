@@ -37,6 +37,8 @@ from nvfs.codec.gpu_huffman import FRAME_CAPACITY, FRAME_DAMAGED, FRAME_DECODED,
 from nvfs.codec.planes import (
     FRAME_SIZE,
     ITEM_SIZE,
+    RANDOM_BITS,
+    RAW_TEST_SAMPLE,
     PlaneCoder,
     PlaneEntry,
     Region,
@@ -58,8 +60,6 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
 
 BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
 _COPY_THREADS = min(8, os.cpu_count() or 1)
-_SAMPLE = 4 << 10  # must match the CPU engine's raw-plane test (nvfs.codec.planes)
-_RANDOM_BITS = 7.9
 _THREADS = 256
 COPY_PIECE = 64 << 10  # bytes one block of the copy kernel moves at most
 _ALIGN = 256  # plane and frame alignment in device buffers (nvCOMP asks for at most this)
@@ -578,7 +578,7 @@ class GpuEngine:
         counts = self._huffman.count(planes_buffer, frames, bounds)
         self._wait()
         entropy = counts.entropy.get()
-        worth = (np.diff(bounds) > 0) & ((lengths < 4 * _SAMPLE) | (entropy <= _RANDOM_BITS))
+        worth = (np.diff(bounds) > 0) & ((lengths < 4 * RAW_TEST_SAMPLE) | (entropy <= RANDOM_BITS))
         chosen = np.flatnonzero(worth[frames.plane])
         if not len(chosen):
             return []

@@ -32,8 +32,8 @@ _COUNT = struct.Struct("<I")
 _REGION = struct.Struct("<BQ")
 _PLANE = struct.Struct("<BQ")
 _FRAME = struct.Struct("<I")
-_SAMPLE = 4 << 10  # bytes per sample when deciding whether a plane is worth compressing
-_RANDOM_BITS = 7.9  # a plane whose samples carry more order-0 entropy per byte is stored raw
+RAW_TEST_SAMPLE = 4 << 10  # bytes per sample when deciding whether a plane is worth compressing
+RANDOM_BITS = 7.9  # a plane whose samples carry more order-0 entropy per byte is stored raw
 _DETECT_SAMPLE = 32 << 10  # bytes per sample when guessing what a chunk holds
 _DETECT_KINDS = (ElementKind.BF16, ElementKind.FP32)
 
@@ -213,7 +213,7 @@ class PlaneCoder:
 
     def compress_bytes(self, data: memoryview) -> tuple[Codec, bytes]:
         """One zstd frame at the mount's level (metadata, ints, unknown bytes), or raw."""
-        if len(data) >= 4 * _SAMPLE and looks_random(np.frombuffer(data, dtype=np.uint8)):
+        if len(data) >= 4 * RAW_TEST_SAMPLE and looks_random(np.frombuffer(data, dtype=np.uint8)):
             return Codec.RAW, data.tobytes()
         packed = self._compressors()[1].compress(data)
         return (Codec.RAW, data.tobytes()) if len(packed) >= len(data) else (Codec.ZSTD, packed)
@@ -225,7 +225,7 @@ class PlaneCoder:
         payload is joined from it, and a copy here would be a second one.
         """
         view = memoryview(plane).cast("B")
-        if len(view) >= 4 * _SAMPLE and looks_random(plane):
+        if len(view) >= 4 * RAW_TEST_SAMPLE and looks_random(plane):
             return PlaneEntry(Codec.RAW, len(view)), view
         # One call for all frames: it gives up the GIL once, not once per frame. In the daemon
         # every time a worker takes the GIL back it may wait for the FUSE thread's time slice.
@@ -286,20 +286,16 @@ def looks_random(plane: np.ndarray) -> bool:
 
     Mantissa planes are; trying zstd on them costs more than counting byte values.
     """
-    middle, last = len(plane) // 2, len(plane) - _SAMPLE
-    sample = np.concatenate((plane[:_SAMPLE], plane[middle : middle + _SAMPLE], plane[last:]))
-    return float(sample_entropies(np.bincount(sample, minlength=256))) > _RANDOM_BITS
+    size = RAW_TEST_SAMPLE
+    middle, last = len(plane) // 2, len(plane) - size
+    sample = np.concatenate((plane[:size], plane[middle : middle + size], plane[last:]))
+    return sample_entropy(np.bincount(sample, minlength=256)) > RANDOM_BITS
 
 
-def sample_entropies(counts: np.ndarray) -> np.ndarray:
-    """Order-0 entropy in bits per byte of each histogram of byte values (the last axis).
-
-    The GPU engine passes the histograms of a whole batch's planes at once.
-    """
-    probabilities = counts / counts.sum(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(probabilities > 0, probabilities * np.log2(probabilities), 0.0)
-    return -terms.sum(axis=-1)
+def sample_entropy(counts: np.ndarray) -> float:
+    """Order-0 entropy in bits per byte of a histogram of byte values."""
+    probabilities = counts[counts > 0] / counts.sum()
+    return float(-(probabilities * np.log2(probabilities)).sum())
 
 
 def check_regions(data_length: int, regions: Sequence[Region]) -> None:
