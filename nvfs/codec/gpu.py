@@ -2,7 +2,7 @@
 
 It writes the format the CPU engine writes (docs/FORMAT.md, "Transform 1"): regions split
 into byte planes, near-random planes stored raw (the CPU engine's entropy test, on whole
-planes), the others cut into 64 KiB sub-blocks, each one standard zstd frame. Those frames
+planes), the others cut into 32 KiB sub-blocks, each one standard zstd frame. Those frames
 come from the kernels of ``zstd_huffman.cu`` (:mod:`nvfs.codec.gpu_huffman`): Huffman-coded
 literals and nothing else, which is all that zstd gains on float planes, at tens of GB/s.
 A CPU-only machine reads these chunks with the ``zstandard`` package; this engine decodes
@@ -64,9 +64,8 @@ _THREADS = 256
 COPY_PIECE = 64 << 10  # bytes one block of the copy kernel moves at most
 _ALIGN = 256  # plane and frame alignment in device buffers (nvCOMP asks for at most this)
 
-_GROUP = 4  # values per thread in the plane kernels: one 4-byte store per plane
+_GROUP = 16  # values per thread in the plane kernels: one 16-byte store per plane
 _KERNELS = f"#define GROUP {_GROUP}\n" + r"""
-extern "C" {
 // Regions of a batch are described by tables indexed by region: its first value's index in
 // the batch (ascending), its byte offset in the data, where its planes start in the plane
 // buffer and their stride (plane p at plane_offset + p * stride: aligned for nvCOMP), and its
@@ -126,31 +125,70 @@ __device__ Place place_of(const long long* first_value, const long long* offset,
     return at;
 }
 
-// Whether the GROUP values from v lie in one region, aligned for whole-value loads and for
-// 4-byte plane stores.
+// Whether the GROUP values from v lie in one region, 16-byte aligned in the data (at `base`)
+// and in the planes (plane starts are aligned), so that they move as whole 16-byte words.
 __device__ bool whole_group(const long long* first_value, int regions, long long values, long long v,
                             Place at, const unsigned char* base) {
     long long end = at.r + 1 < regions ? first_value[at.r + 1] : values;
     return at.size > 1 && v + GROUP <= end && at.i % GROUP == 0
-        && ((unsigned long long)(base + at.data)) % at.size == 0;
+        && ((unsigned long long)(base + at.data)) % 16 == 0;
+}
+
+// Value k of a group held in 32-bit words (little-endian).
+template <int SIZE> __device__ unsigned long long value_at(const unsigned int* words, int k) {
+    if (SIZE == 2) return (words[k / 2] >> (16 * (k & 1))) & 0xFFFF;
+    if (SIZE == 4) return words[k];
+    return words[2 * k] | ((unsigned long long)words[2 * k + 1] << 32);
+}
+
+// A whole group of SIZE-byte values (see whole_group): loaded, rotated and scattered to the
+// planes in registers, with 16-byte loads and one 16-byte store per plane.
+template <int SIZE> __device__ void split_group(const unsigned char* in, unsigned char* plane, long long n) {
+    unsigned int words[GROUP * SIZE / 4];
+    for (int w = 0; w < GROUP * SIZE / 16; w++) ((uint4*)words)[w] = ((const uint4*)in)[w];
+    unsigned int packed[SIZE][GROUP / 4] = {};
+    for (int k = 0; k < GROUP; k++) {
+        unsigned long long x = rotate_left(value_at<SIZE>(words, k), SIZE);
+        for (int p = 0; p < SIZE; p++)
+            packed[p][k / 4] |= (unsigned int)((x >> (8 * (SIZE - 1 - p))) & 0xFF) << (8 * (k % 4));
+    }
+    for (int p = 0; p < SIZE; p++)
+        *(uint4*)(plane + p * n) = make_uint4(packed[p][0], packed[p][1], packed[p][2], packed[p][3]);
+}
+
+// Inverse of split_group.
+template <int SIZE> __device__ void merge_group(const unsigned char* plane, long long n, unsigned char* out) {
+    unsigned int packed[SIZE][GROUP / 4];
+    for (int p = 0; p < SIZE; p++) {
+        uint4 word = *(const uint4*)(plane + p * n);
+        packed[p][0] = word.x; packed[p][1] = word.y; packed[p][2] = word.z; packed[p][3] = word.w;
+    }
+    unsigned int words[GROUP * SIZE / 4] = {};
+    for (int k = 0; k < GROUP; k++) {
+        unsigned long long x = 0;
+        for (int p = 0; p < SIZE; p++)
+            x |= (unsigned long long)((packed[p][k / 4] >> (8 * (k % 4))) & 0xFF) << (8 * (SIZE - 1 - p));
+        x = rotate_right(x, SIZE);
+        if (SIZE == 2) words[k / 2] |= (unsigned int)x << (16 * (k & 1));
+        if (SIZE == 4) words[k] = (unsigned int)x;
+        if (SIZE == 8) { words[2 * k] = (unsigned int)x; words[2 * k + 1] = (unsigned int)(x >> 32); }
+    }
+    for (int w = 0; w < GROUP * SIZE / 16; w++) ((uint4*)out)[w] = ((const uint4*)words)[w];
 }
 
 // One thread per GROUP values: rotate each left one bit and scatter its bytes to the planes
-// (MSB first); GROUP bytes of one plane are stored at once where alignment allows.
-__global__ void split_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
-                             const long long* offset, const long long* plane_offset, const long long* stride,
-                             const long long* item_size, int regions, long long values) {
+// (MSB first); whole groups move in 16-byte words, the others value by value.
+extern "C" __global__ void split_planes(const unsigned char* src, unsigned char* dst,
+                                        const long long* first_value, const long long* offset,
+                                        const long long* plane_offset, const long long* stride,
+                                        const long long* item_size, int regions, long long values) {
     long long v0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * GROUP;
     if (v0 >= values) return;
     Place at = place_of(first_value, offset, plane_offset, stride, item_size, regions, v0);
     if (whole_group(first_value, regions, values, v0, at, src)) {
-        unsigned int packed[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int k = 0; k < GROUP; k++) {
-            unsigned long long x = rotate_left(load_value(src + at.data + k * at.size, at.size), at.size);
-            for (int p = 0; p < at.size; p++)
-                packed[p] |= (unsigned int)((x >> (8 * (at.size - 1 - p))) & 0xFF) << (8 * k);
-        }
-        for (int p = 0; p < at.size; p++) *(unsigned int*)(dst + at.plane + p * at.n) = packed[p];
+        if (at.size == 2) split_group<2>(src + at.data, dst + at.plane, at.n);
+        else if (at.size == 4) split_group<4>(src + at.data, dst + at.plane, at.n);
+        else split_group<8>(src + at.data, dst + at.plane, at.n);
         return;
     }
     for (long long v = v0; v < v0 + GROUP && v < values; v++) {
@@ -163,21 +201,17 @@ __global__ void split_planes(const unsigned char* src, unsigned char* dst, const
 }
 
 // Inverse of split_planes.
-__global__ void merge_planes(const unsigned char* src, unsigned char* dst, const long long* first_value,
-                             const long long* offset, const long long* plane_offset, const long long* stride,
-                             const long long* item_size, int regions, long long values) {
+extern "C" __global__ void merge_planes(const unsigned char* src, unsigned char* dst,
+                                        const long long* first_value, const long long* offset,
+                                        const long long* plane_offset, const long long* stride,
+                                        const long long* item_size, int regions, long long values) {
     long long v0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * GROUP;
     if (v0 >= values) return;
     Place at = place_of(first_value, offset, plane_offset, stride, item_size, regions, v0);
     if (whole_group(first_value, regions, values, v0, at, dst)) {
-        unsigned int packed[8];
-        for (int p = 0; p < at.size; p++) packed[p] = *(const unsigned int*)(src + at.plane + p * at.n);
-        for (int k = 0; k < GROUP; k++) {
-            unsigned long long x = 0;
-            for (int p = 0; p < at.size; p++)
-                x |= (unsigned long long)((packed[p] >> (8 * k)) & 0xFF) << (8 * (at.size - 1 - p));
-            store_value(dst + at.data + k * at.size, at.size, rotate_right(x, at.size));
-        }
+        if (at.size == 2) merge_group<2>(src + at.plane, at.n, dst + at.data);
+        else if (at.size == 4) merge_group<4>(src + at.plane, at.n, dst + at.data);
+        else merge_group<8>(src + at.plane, at.n, dst + at.data);
         return;
     }
     for (long long v = v0; v < v0 + GROUP && v < values; v++) {
@@ -193,7 +227,7 @@ __global__ void merge_planes(const unsigned char* src, unsigned char* dst, const
 // One block per segment s (table: sources, then targets, then lengths, `segments` each): copy
 // its bytes; 16 bytes at a time where both ends are 16-byte aligned. The host cuts segments
 // into pieces of at most COPY_PIECE bytes, so that a long one keeps many blocks busy.
-__global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* table,
+extern "C" __global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* table,
                               int segments) {
     int s = blockIdx.x;
     long long from = table[s], to = table[segments + s], n = table[2 * segments + s];
@@ -207,8 +241,6 @@ __global__ void copy_segments(const unsigned char* src, unsigned char* dst, cons
         done = words * 16;
     }
     for (long long k = done + threadIdx.x; k < n; k += blockDim.x) out[k] = in[k];
-}
-
 }
 """
 
@@ -643,18 +675,15 @@ class GpuEngine:
                     frames: np.ndarray) -> None:
         """Decode frames (payload offset, stored length, plane buffer offset, size).
 
-        Frames lie packed in the payload; they are first gathered at aligned offsets, as nvCOMP
-        wants its inputs aligned. Zstd frames of the shape this engine writes (Huffman-coded
-        literals only, RLE or raw) are decoded by our kernel; nvCOMP decodes the others (the
-        CPU engine's carry a few matches) and the ANS frames.
+        Zstd frames of the shape this engine writes (Huffman-coded literals only, RLE or raw)
+        are decoded in place by our kernel; nvCOMP decodes the others (the CPU engine's carry
+        a few matches) and the ANS frames, after they are gathered at aligned offsets, as
+        nvCOMP wants its inputs aligned.
         """
-        lengths, targets, sizes = frames[:, 1], frames[:, 2], frames[:, 3]
-        aligned = np.concatenate(([0], np.cumsum(-(-lengths // _ALIGN) * _ALIGN)))
-        gathered = cp.empty(int(aligned[-1]) + _ALIGN, dtype=cp.uint8)  # slack: the decoder reads whole words
-        self._copy_segments(payload, gathered, np.stack((frames[:, 0], aligned[:-1], lengths), axis=1))
         rest = np.arange(len(frames))
         if codec == Codec.ZSTD_FRAMES:
-            status = self._huffman.decode(gathered, aligned[:-1], lengths, planes_buffer, targets, sizes)
+            status = self._huffman.decode(payload, frames[:, 0], frames[:, 1], planes_buffer, frames[:, 2],
+                                          frames[:, 3])
             self._wait()
             status = status.get()
             if (status == FRAME_DAMAGED).any():
@@ -662,13 +691,15 @@ class GpuEngine:
             rest = np.flatnonzero(status != FRAME_DECODED)
             if not len(rest):
                 return
-        sources_batch = nvcomp.as_arrays(gathered, aligned[rest].tolist(), lengths[rest].tolist(),
-                                         self._stream.ptr)
-        targets_batch = nvcomp.as_arrays(planes_buffer, targets[rest].tolist(), sizes[rest].tolist(),
-                                         self._stream.ptr)
+        lengths, targets, sizes = frames[rest, 1], frames[rest, 2], frames[rest, 3]
+        aligned = np.concatenate(([0], np.cumsum(-(-lengths // _ALIGN) * _ALIGN)))
+        gathered = cp.empty(int(aligned[-1]), dtype=cp.uint8)
+        self._copy_segments(payload, gathered, np.stack((frames[rest, 0], aligned[:-1], lengths), axis=1))
+        sources_batch = nvcomp.as_arrays(gathered, aligned[:-1].tolist(), lengths.tolist(), self._stream.ptr)
+        targets_batch = nvcomp.as_arrays(planes_buffer, targets.tolist(), sizes.tolist(), self._stream.ptr)
         decoded = self._coders[codec].decode(sources_batch, out=targets_batch)
         self._wait()
-        if batch_sizes(decoded) != sizes[rest].tolist():
+        if batch_sizes(decoded) != sizes.tolist():
             raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
 
     def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:

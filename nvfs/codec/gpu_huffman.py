@@ -24,7 +24,7 @@ _THREADS = 256
 _TABLE_THREADS = 32
 _DESCRIPTION_STRIDE = 144  # these two must match DESCRIPTION_STRIDE and LANES in zstd_huffman.cu
 _LANES = 64
-_DECODE_THREADS = 64
+_DECODE_SLOTS = 8  # frames per block of decode_frames (four threads each), as DECODE_SLOTS in the .cu
 FRAME_DECODED, FRAME_UNSUPPORTED, FRAME_DAMAGED = 0, 1, 2  # decode statuses, as in zstd_huffman.cu
 _ALIGN = 256
 
@@ -33,11 +33,12 @@ def _aligned(size: int) -> int:
     return -(-size // _ALIGN) * _ALIGN
 
 
-# Decoded bytes per frame this engine writes: half the CPU engine's. More, smaller frames
-# decode faster, each stream being one thread's sequential work (H200, 256 MiB of bf16 with
-# nvCOMP's decoder: 8.3 ms with 64 KiB frames, 11.5 with 128 KiB), for 0.05% more stored
-# bytes. Readers take any frame size (docs/FORMAT.md).
-GPU_FRAME_SIZE = 64 << 10
+# Decoded bytes per frame this engine writes: a quarter of the CPU engine's. Each of a frame's
+# four streams is one thread's chain of dependent steps, so more, smaller frames decode
+# faster, until the GPU holds them all at once (H200, 256 MiB of bf16, decode_frames:
+# 2.6 ms with 64 KiB frames, 1.7 with 32 KiB, 1.9 with 16 KiB), for 0.1% more stored bytes
+# than 64 KiB frames (0.3% with 16 KiB). Readers take any frame size (docs/FORMAT.md).
+GPU_FRAME_SIZE = 32 << 10
 FRAME_CAPACITY = _aligned(GPU_FRAME_SIZE + 64)  # the largest frame: raw, 12 bytes of headers and the bytes
 
 
@@ -104,10 +105,11 @@ class HuffmanFrames:
 
         Returns each frame's status (int32, on the device): :data:`FRAME_DECODED`,
         :data:`FRAME_UNSUPPORTED` (a valid frame of another shape, left for another decoder)
-        or :data:`FRAME_DAMAGED`. ``frames`` needs a word of slack after the last frame.
+        or :data:`FRAME_DAMAGED`.
         """
         status = cp.empty(len(start), dtype=cp.int32)
-        self._decode((len(start),), (_DECODE_THREADS,),
+        blocks = -(-len(start) // _DECODE_SLOTS)
+        self._decode((blocks,), (4 * _DECODE_SLOTS,),
                      (frames, cp.asarray(start), cp.asarray(length.astype(np.int32)), out, cp.asarray(target),
-                      cp.asarray(size.astype(np.int32)), status))
+                      cp.asarray(size.astype(np.int32)), status, np.int32(len(start))))
         return status

@@ -33,6 +33,7 @@ typedef unsigned long long u64;
 #define MODE_RLE 1
 #define MODE_HUFFMAN 2
 #define LANES 64                   // threads per stream in encode_frames
+#define DECODE_SLOTS 8             // frames per block (of 32 threads) in decode_frames
 
 __host__ __device__ static void put_le(u8* out, u64 value, int bytes) {
     for (int k = 0; k < bytes; k++) out[k] = (u8)(value >> (8 * k));
@@ -373,9 +374,9 @@ __host__ __device__ static u32 get_le(const u8* in, int bytes) {
     return value;
 }
 
-// The n bits (n <= 25) just below bit `position` of a stream read backwards; bits below the
-// stream's start read as 0. Reads the two aligned words around them (the callers' buffers
-// have slack for the word after the stream).
+// The n bits (n <= 32) just below bit `position` of a stream read backwards; bits below the
+// stream's start read as 0. Reads the aligned words that hold them: never a word of which
+// no byte belongs to the stream.
 __host__ __device__ static u32 bits_below(const u8* in, long long position, int n) {
     long long low = position - n;
     int missing = 0;
@@ -388,7 +389,7 @@ __host__ __device__ static u32 bits_below(const u8* in, long long position, int 
     const u8* at = in + low / 8;
     const u32* word = (const u32*)((u64)at & ~(u64)3);
     int shift = (int)(((u64)at & 3) * 8 + low % 8);
-    u64 both = (u64)word[0] | ((u64)word[1] << 32);
+    u64 both = (u64)word[0] | (shift + n > 32 ? (u64)word[1] << 32 : 0);
     return (u32)((both >> shift) & ((1ull << n) - 1)) << missing;
 }
 
@@ -510,39 +511,78 @@ __host__ __device__ static void fill_symbol(u16* table, u16 start, int weight, i
     for (u32 k = 0; k < 1u << (weight - 1); k++) table[start + k] = entry;
 }
 
+// A stream decoder's state: the next bits of the stream (read backwards) from the container's
+// highest bit down, and the aligned word below them, loaded one refill ahead so that the
+// load's latency is not on the chain of dependent steps that decoding is. Bit positions count
+// from the first aligned word that holds a byte of the stream.
+struct Reader {
+    const u32* words;
+    long long start;     // the stream's first bit (its first byte's offset in that word, in bits)
+    long long position;  // bits below it are not yet in the container
+    u64 container;
+    int filled;          // bits in the container
+    u32 next;            // the word holding bit position - 1
+};
+
+// Tops up the container with the rest of the word below `position` when it holds 32 bits or
+// fewer: from the second refill on, a whole word, and the container then holds at least two
+// codes. Only threads that need bits load them (one aligned word each), so a warp's loads
+// stay few although its threads read as many streams.
+__host__ __device__ static void refill(Reader* r) {
+    if (r->filled > 32) return;
+    long long low = (r->position - 1) & ~31LL;  // the first bit of the word holding bit position - 1
+    int count = (int)(r->position - low);       // its bits below position: 1..32
+    u32 bits = count < 32 ? r->next & ((1u << count) - 1) : r->next;
+    if (low < r->start)  // the stream's first word: bits below the stream read as 0
+        bits = low + 32 <= r->start ? 0 : bits & ~((1u << (r->start - low)) - 1);
+    r->container |= (u64)(bits << (32 - count)) << (32 - r->filled);
+    r->filled += count;
+    r->position = low;
+    r->next = low > r->start ? r->words[(low - 1) >> 5] : 0;
+}
+
 // Decodes `count` symbols of one Huffman-coded stream; 0, or FRAME_DAMAGED when the stream
-// does not end exactly where its last symbol does. The next bits wait in a register window,
-// refilled 24 bits at a time (several symbols: exponents take about 3 bits each); decoded
-// bytes are stored a word at a time where the output is aligned.
+// does not end exactly where its last symbol does. A symbol is a chain of dependent steps (the
+// next code's position depends on this one's length), so the chain is kept short: a table
+// lookup on the container's top bits and one shift. Decoded bytes are stored a word at a time
+// where the output is aligned.
 __host__ __device__ static int decode_stream(const u8* in, u32 length, const u16* table, int max_bits, u8* out,
                                              u32 count) {
     if (length == 0 || in[length - 1] == 0) return FRAME_DAMAGED;
-    long long loaded = 8LL * (length - 1) + highest_bit(in[length - 1]);  // bits below it not yet in the window
-    u64 window = 0;  // the `filled` bits above `loaded` not yet consumed, in its low bits
-    int filled = 0;
-    u32 mask = (1u << max_bits) - 1, pending = 0;
-    bool words = ((u64)out & 3) == 0;
-    for (u32 i = 0; i < count; i++) {
-        if (filled < max_bits) {
-            window = (window << 24) | bits_below(in, loaded, 24);
-            loaded -= 24;
-            filled += 24;
-        }
-        u16 entry = table[(window >> (filled - max_bits)) & mask];
-        filled -= entry >> 8;
-        if (!words) {
-            out[i] = (u8)entry;
-            continue;
-        }
-        pending |= (u32)(entry & 0xFF) << (8 * (i & 3));
-        if ((i & 3) == 3) {
-            *(u32*)(out + i - 3) = pending;
-            pending = 0;
+    Reader r;
+    r.words = (const u32*)((u64)in & ~(u64)3);
+    r.start = 8 * ((u64)in & 3);
+    r.position = r.start + 8LL * (length - 1) + highest_bit(in[length - 1]);  // from below the end mark
+    r.container = 0;
+    r.filled = 0;
+    r.next = r.position > r.start ? r.words[(r.position - 1) >> 5] : 0;
+    refill(&r);  // the rest of the last word, then a whole one: two codes' worth at least
+    refill(&r);
+    int drop = 64 - max_bits;
+    u32 i = 0;
+    if (((u64)out & 3) == 0) {
+        for (; i + 4 <= count; i += 4) {
+            u32 word = 0;
+            for (int half = 0; half < 2; half++) {
+                refill(&r);
+                u16 first = table[r.container >> drop];
+                r.container <<= first >> 8;
+                u16 second = table[r.container >> drop];
+                r.container <<= second >> 8;
+                r.filled -= (first >> 8) + (second >> 8);
+                word |= (u32)((first & 0xFF) | (second & 0xFF) << 8) << (16 * half);
+            }
+            *(u32*)(out + i) = word;
         }
     }
-    if (words)
-        for (u32 i = count & ~3u; i < count; i++) out[i] = (u8)(pending >> (8 * (i & 3)));
-    return loaded + filled == 0 ? 0 : FRAME_DAMAGED;
+    for (; i < count; i++) {
+        refill(&r);
+        u16 entry = table[r.container >> drop];
+        r.container <<= entry >> 8;
+        r.filled -= entry >> 8;
+        out[i] = (u8)entry;
+    }
+    return r.position - r.start + r.filled == 0 ? 0 : FRAME_DAMAGED;
 }
 
 // Where a frame of `size` decoded bytes keeps its content; 0, or FRAME_UNSUPPORTED for valid
@@ -737,46 +777,60 @@ __global__ void encode_frames(const u8* planes, const long long* frame_start, co
                    stream_bytes, length);
 }
 
-// One block of 64 threads per frame: thread 0 reads the frame's headers and tree; all fill the
-// decoding table; then one thread per stream decodes. `status`: 0, FRAME_UNSUPPORTED (left
-// for nvCOMP) or FRAME_DAMAGED. Frames lie in a buffer with 8 bytes of slack after the last.
+// One warp per block, four threads per frame (DECODE_SLOTS frames): the first of each four
+// reads its frame's headers and tree; the four fill the frame's decoding table, then each
+// decodes one stream. A stream's symbols are a chain of dependent steps, so throughput comes
+// from many streams at once: a block per frame left 28 of each warp's 32 threads idle.
+// `status`: 0, FRAME_UNSUPPORTED (left for nvCOMP) or FRAME_DAMAGED.
 __global__ void decode_frames(const u8* frames, const long long* frame_start, const int* frame_length, u8* out,
-                              const long long* out_start, const int* out_size, int* status) {
-    __shared__ u16 table[1 << HUF_MAX_BITS];
-    __shared__ u16 start[256];
-    __shared__ u8 weights[256];
-    __shared__ FrameContent content;
-    __shared__ int result;
-    int f = blockIdx.x;
-    const u8* frame = frames + frame_start[f];
-    u8* target = out + out_start[f];
-    u32 size = (u32)out_size[f];
-    if (threadIdx.x == 0) {
-        result = parse_frame(frame, (u32)frame_length[f], size, weights, &content);
-        if (result == 0 && content.kind == CONTENT_HUFFMAN)
-            huffman_starts(weights, content.symbols, content.max_bits, start);
+                              const long long* out_start, const int* out_size, int* status, int count) {
+    __shared__ u16 table[DECODE_SLOTS][1 << HUF_MAX_BITS];
+    __shared__ u16 start[DECODE_SLOTS][256];
+    __shared__ u8 weights[DECODE_SLOTS][256];
+    __shared__ FrameContent contents[DECODE_SLOTS];
+    __shared__ int result[DECODE_SLOTS];
+    int slot = threadIdx.x / 4, lane = threadIdx.x % 4;
+    unsigned slot_mask = 0xFu << (4 * slot);
+    int f = blockIdx.x * DECODE_SLOTS + slot;
+    bool live = f < count;
+    FrameContent* content = &contents[slot];
+    const u8* frame = frames + (live ? frame_start[f] : 0);
+    u8* target = out + (live ? out_start[f] : 0);
+    u32 size = live ? (u32)out_size[f] : 0;
+    if (live && lane == 0) {
+        result[slot] = parse_frame(frame, (u32)frame_length[f], size, weights[slot], content);
+        if (result[slot] == 0 && content->kind == CONTENT_HUFFMAN)
+            huffman_starts(weights[slot], content->symbols, content->max_bits, start[slot]);
     }
-    __syncthreads();
-    if (result == 0 && content.kind == CONTENT_RAW) {
-        for (u32 k = threadIdx.x; k < size; k += blockDim.x) target[k] = frame[content.offset + k];
-    } else if (result == 0 && content.kind == CONTENT_RLE) {
-        for (u32 k = threadIdx.x; k < size; k += blockDim.x) target[k] = frame[content.offset];
-    } else if (result == 0) {
-        for (int s = threadIdx.x; s < content.symbols; s += blockDim.x)
-            fill_symbol(table, start[s], weights[s], content.max_bits, s);
-        __syncthreads();
-        if ((int)threadIdx.x < content.streams) {
-            u32 offset = content.offset;
-            for (int k = 0; k < (int)threadIdx.x; k++) offset += content.stream_length[k];
-            long long first = 0, count = size;
-            if (content.streams == 4) stream_span(size, threadIdx.x, &first, &count);
-            int damaged = decode_stream(frame + offset, content.stream_length[threadIdx.x], table, content.max_bits,
-                                        target + first, (u32)count);
-            if (damaged) atomicMax(&result, damaged);
+    __syncwarp();
+    if (live && result[slot] == 0) {  // the same for the four threads of a frame
+        if (content->kind == CONTENT_RAW) {
+            for (u32 k = lane; k < size; k += 4) target[k] = frame[content->offset + k];
+        } else if (content->kind == CONTENT_RLE) {
+            u8 value = frame[content->offset];
+            u32 k = lane;
+            if (((u64)target & 3) == 0) {
+                for (; 4 * k + 4 <= size; k += 4) ((u32*)target)[k] = value * 0x01010101u;
+                k = size / 4 * 4 + lane;
+            }
+            for (; k < size; k += 4) target[k] = value;
+        } else {
+            for (int s = lane; s < content->symbols; s += 4)
+                fill_symbol(table[slot], start[slot][s], weights[slot][s], content->max_bits, s);
+            __syncwarp(slot_mask);
+            if (lane < content->streams) {
+                u32 offset = content->offset;
+                for (int k = 0; k < lane; k++) offset += content->stream_length[k];
+                long long first = 0, symbols = size;
+                if (content->streams == 4) stream_span(size, lane, &first, &symbols);
+                int damaged = decode_stream(frame + offset, content->stream_length[lane], table[slot],
+                                            content->max_bits, target + first, (u32)symbols);
+                if (damaged) atomicMax(&result[slot], damaged);
+            }
         }
-        __syncthreads();
     }
-    if (threadIdx.x == 0) status[f] = result;
+    __syncwarp();
+    if (live && lane == 0) status[f] = result[slot];
 }
 
 }
