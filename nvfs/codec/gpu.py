@@ -32,7 +32,7 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
-from nvfs.codec.frames import FramedPlane, Frames, frame_table, plane_frames
+from nvfs.codec.frames import BatchPlanes, FramedPlane, Frames, frame_table, pack_batch_params, plane_frames
 from nvfs.codec.gpu_huffman import FRAME_CAPACITY, FRAME_DAMAGED, FRAME_DECODED, GPU_FRAME_SIZE, HuffmanFrames
 from nvfs.codec.planes import (
     FRAME_SIZE,
@@ -40,12 +40,10 @@ from nvfs.codec.planes import (
     RANDOM_BITS,
     RAW_TEST_SAMPLE,
     PlaneCoder,
-    PlaneEntry,
     Region,
     RegionEntry,
     check_regions,
     detect_regions,
-    pack_params,
     parse_params,
     planes_or_raw,
 )
@@ -228,19 +226,33 @@ extern "C" __global__ void merge_planes(const unsigned char* src, unsigned char*
 // its bytes; 16 bytes at a time where both ends are 16-byte aligned. The host cuts segments
 // into pieces of at most COPY_PIECE bytes, so that a long one keeps many blocks busy.
 extern "C" __global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* table,
-                              int segments) {
+                                         int segments) {
     int s = blockIdx.x;
     long long from = table[s], to = table[segments + s], n = table[2 * segments + s];
     const unsigned char* in = src + from;
     unsigned char* out = dst + to;
-    long long done = 0;
     if ((((unsigned long long)in | (unsigned long long)out) & 15) == 0) {
         long long words = n / 16;
         for (long long k = threadIdx.x; k < words; k += blockDim.x)
             ((uint4*)out)[k] = ((const uint4*)in)[k];
-        done = words * 16;
+        for (long long k = words * 16 + threadIdx.x; k < n; k += blockDim.x) out[k] = in[k];
+        return;
     }
-    for (long long k = done + threadIdx.x; k < n; k += blockDim.x) out[k] = in[k];
+    // Otherwise whole 4-byte words are stored from where `out` is aligned, each made of the two
+    // aligned source words it straddles (a byte loop moved a quarter as much per thread).
+    long long head = (4 - ((unsigned long long)out & 3)) & 3;
+    head = head < n ? head : n;
+    for (long long k = threadIdx.x; k < head; k += blockDim.x) out[k] = in[k];
+    const unsigned char* from_in = in + head;
+    int misaligned = (int)((unsigned long long)from_in & 3);
+    const unsigned int* words_in = (const unsigned int*)(from_in - misaligned);
+    unsigned int* words_out = (unsigned int*)(out + head);
+    long long words = (n - head) / 4;
+    for (long long k = threadIdx.x; k < words; k += blockDim.x) {
+        unsigned int low = words_in[k];
+        words_out[k] = misaligned ? __funnelshift_r(low, words_in[k + 1], 8 * misaligned) : low;
+    }
+    for (long long k = head + words * 4 + threadIdx.x; k < n; k += blockDim.x) out[k] = in[k];
 }
 """
 
@@ -249,12 +261,12 @@ extern "C" __global__ void copy_segments(const unsigned char* src, unsigned char
 class _Coded:
     """Where the frames of a batch's planes were coded to (frame ``f`` of :class:`Frames`).
 
-    ``output[f]`` indexes ``outputs`` (-1: the frame's plane is stored raw, being near-random);
-    the frame's coded bytes lie at ``offset[f]`` there, ``length[f]`` long.
+    Frame ``f``, where ``coded[f]`` (else its plane is stored raw, being near-random), lies at
+    ``offset[f]`` of ``output``, ``length[f]`` bytes long.
     """
 
-    outputs: list
-    output: np.ndarray
+    output: cp.ndarray | None
+    coded: np.ndarray
     offset: np.ndarray
     length: np.ndarray
 
@@ -582,41 +594,36 @@ class GpuEngine:
 
     def _code(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
               bounds: np.ndarray) -> _Coded:
-        """Code the frames worth coding, each coder's share in one launch, and wait once."""
+        """Code the frames of planes worth coding, in one launch, and wait once.
+
+        Near-random planes are stored raw (the CPU engine's entropy test, on whole planes here,
+        from byte counts that the Huffman tables need anyway): coding them costs time and,
+        with ANS, bytes.
+        """
         count = len(frames.start)
-        coded = _Coded([], np.full(count, -1), np.zeros(count, dtype=np.int64),
+        coded = _Coded(None, np.zeros(count, dtype=bool), np.zeros(count, dtype=np.int64),
                        np.zeros(count, dtype=np.int64))
         if not count:
             return coded
-        if self.codec == Codec.ANS:
-            jobs = [(np.arange(count), self._nvcomp_job(Codec.ANS, planes_buffer, frames))]
-        else:
-            jobs = self._portable_jobs(planes_buffer, lengths, frames, bounds)
-        for index, (chosen, job) in enumerate(jobs):
-            coded.outputs.append(job.output)
-            coded.output[chosen] = index
-            coded.offset[chosen] = np.arange(len(chosen)) * job.capacity
-        self._wait()
-        for chosen, job in jobs:
-            coded.length[chosen] = job.lengths()
-        return coded
-
-    def _portable_jobs(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
-                       bounds: np.ndarray) -> list[tuple[np.ndarray, _Job]]:
-        """The portable format: the frames of planes that are not near-random (the CPU engine's
-        entropy test, on whole planes here, whose byte counts the Huffman tables need anyway),
-        as Huffman-only zstd frames.
-        """
         counts = self._huffman.count(planes_buffer, frames, bounds)
         self._wait()
         entropy = counts.entropy.get()
         worth = (np.diff(bounds) > 0) & ((lengths < 4 * RAW_TEST_SAMPLE) | (entropy <= RANDOM_BITS))
         chosen = np.flatnonzero(worth[frames.plane])
         if not len(chosen):
-            return []
-        output, sizes = self._huffman.encode(planes_buffer, frames.subset(chosen), chosen, counts,
-                                             np.flatnonzero(worth))
-        return [(chosen, _Job(output, FRAME_CAPACITY, sizes.get))]
+            return coded
+        if self.codec == Codec.ANS:
+            job = self._nvcomp_job(Codec.ANS, planes_buffer, frames.subset(chosen))
+        else:
+            output, sizes = self._huffman.encode(planes_buffer, frames.subset(chosen), chosen, counts,
+                                                 np.flatnonzero(worth))
+            job = _Job(output, FRAME_CAPACITY, sizes.get)
+        coded.output = job.output
+        coded.coded[chosen] = True
+        coded.offset[chosen] = np.arange(len(chosen)) * job.capacity
+        self._wait()
+        coded.length[chosen] = job.lengths()
+        return coded
 
     def _nvcomp_job(self, codec: Codec, planes_buffer: cp.ndarray, frames: Frames) -> _Job:
         """Code frames with one nvCOMP call; frame ``i`` goes to ``i`` times the coder's capacity."""
@@ -631,45 +638,39 @@ class GpuEngine:
 
     def _assemble(self, planes_buffer: cp.ndarray, layout: _Layout, planes: np.ndarray, bounds: np.ndarray,
                   coded: _Coded) -> tuple[list[bytes], cp.ndarray, list[int]]:
-        """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer."""
-        raw_segments: list[tuple[int, int, int]] = []
-        frame_segments: list[list[np.ndarray]] = [[] for _ in coded.outputs]
-        params, offsets, cursor, plane = [], [0], 0, 0
-        for chunk_regions in layout.regions:
-            entries = []
-            for placed in chunk_regions:
-                plane_entries = []
-                for _ in range(ITEM_SIZE[placed.kind]):
-                    frames = slice(bounds[plane], bounds[plane + 1])
-                    entry = self._place_plane(planes[plane], frames, coded, cursor, raw_segments,
-                                              frame_segments)
-                    plane_entries.append(entry)
-                    cursor += entry.stored
-                    plane += 1
-                entries.append(RegionEntry(placed.kind, placed.length, tuple(plane_entries)))
-            params.append(pack_params(entries))
-            offsets.append(cursor)
-        payload = cp.empty(cursor, dtype=cp.uint8)
-        self._copy_segments(planes_buffer, payload, raw_segments)
-        for output, segments in zip(coded.outputs, frame_segments, strict=True):
-            if segments:
-                self._copy_segments(output, payload, np.concatenate(segments))
-        return params, payload, offsets
+        """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer.
 
-    def _place_plane(self, plane: np.ndarray, frames: slice, coded: _Coded, cursor: int,
-                     raw_segments: list, frame_segments: list[list[np.ndarray]]) -> PlaneEntry:
-        """Where one plane's stored bytes come from: its frames, or itself when coding did not pay."""
-        offset, length = int(plane[0]), int(plane[1])
-        output = coded.output[frames]
-        if len(output) and output[0] >= 0:
-            own = coded.length[frames]
-            stored = int(own.sum())
-            if stored < length:
-                targets = cursor + np.cumsum(own) - own
-                frame_segments[output[0]].append(np.stack((coded.offset[frames], targets, own), axis=1))
-                return PlaneEntry(self.codec, stored, self._frame_size, tuple(own.tolist()))
-        raw_segments.append((offset, cursor, length))
-        return PlaneEntry(Codec.RAW, length)
+        A plane keeps its coded frames where they are smaller than the plane, else it is stored
+        raw. Whole-batch numpy steps: a Python step per plane cost more than the GPU's work.
+        """
+        lengths = planes[:, 1]
+        frame_plane = np.repeat(np.arange(len(planes)), np.diff(bounds))
+        plane_coded = np.zeros(len(planes), dtype=bool)
+        plane_coded[frame_plane[coded.coded]] = True
+        coded_bytes = np.bincount(frame_plane, weights=coded.length, minlength=len(planes)).astype(np.int64)
+        keep = plane_coded & (coded_bytes < lengths)
+        stored = np.where(keep, coded_bytes, lengths)
+        plane_start = np.cumsum(stored) - stored
+        kept = np.flatnonzero(keep[frame_plane])  # frames of planes that keep them, in plane order
+        kept_plane, kept_length = frame_plane[kept], coded.length[kept]
+        before = np.cumsum(kept_length) - kept_length
+        targets = plane_start[kept_plane] + before - before[np.searchsorted(kept_plane, kept_plane)]
+        regions = [placed for chunk_regions in layout.regions for placed in chunk_regions]
+        region_chunk = np.repeat(np.arange(len(layout.regions)), [len(chunk) for chunk in layout.regions])
+        plane_chunk = np.repeat(region_chunk, [ITEM_SIZE[placed.kind] for placed in regions])
+        chunk_bytes = np.bincount(plane_chunk, weights=stored, minlength=len(layout.regions)).astype(np.int64)
+        params = pack_batch_params(BatchPlanes(
+            len(layout.regions), np.array([int(placed.kind) for placed in regions], dtype=np.int64),
+            np.array([placed.length for placed in regions], dtype=np.int64), region_chunk,
+            np.where(keep, int(self.codec), int(Codec.RAW)), stored, self._frame_size, kept_plane,
+            kept_length))
+        payload = cp.empty(int(stored.sum()), dtype=cp.uint8)
+        raw = np.flatnonzero(~keep & (lengths > 0))
+        self._copy_segments(planes_buffer, payload,
+                            np.stack((planes[raw, 0], plane_start[raw], lengths[raw]), axis=1))
+        self._copy_segments(coded.output, payload,
+                            np.stack((coded.offset[kept], targets, kept_length), axis=1))
+        return params, payload, np.concatenate(([0], np.cumsum(chunk_bytes))).tolist()
 
     def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
                     frames: np.ndarray) -> None:
