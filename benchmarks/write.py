@@ -48,6 +48,7 @@ Run as root (FUSE)::
 
     python3 benchmarks/write.py --quick                 # 256 MiB smoke run
     python3 benchmarks/write.py                         # 2 GiB, all seven targets
+    python3 benchmarks/write.py --rounds 3              # each target 3 times (alternating order), medians
     python3 benchmarks/write.py --targets plain,nvfs-dir --nvfs-options max_inflight=512M
 
 Exit status: 0 when every acceptance check passes (or cannot be made), 3 when one fails, 1 when a
@@ -76,7 +77,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1053,7 +1054,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-verify", action="store_true", help="skip the read-back checks")
     parser.add_argument("--no-probe", action="store_true", help="skip the nvfs engine-only diagnostic")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (stores, logs)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="save into every target this many times, in alternating order, and report "
+                             "each target's median round (default 1)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.size_mib is None:
         args.size_mib = 256 if args.quick else 2048
     wanted = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -1063,6 +1069,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      f"choose from {', '.join(TARGETS)}")
     args.targets = [t for t in TARGETS if t in wanted]
     return args
+
+
+def run_target(ctx: Context, key: str, args: argparse.Namespace, work: Path, round_index: int) -> Row:
+    """One save into one target, in a fresh place that is removed afterwards."""
+    row = Row(key)
+    settle()
+    row.notes.append(load_note() + f" (before the save, round {round_index + 1})")
+    print(f"[{row.label}] round {round_index + 1} ...", flush=True)
+    began = time.perf_counter()
+    try:
+        BENCHES[key](ctx, row)
+    except Exception as exc:
+        row.error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+    finally:
+        if not unmount_below(work / key) and not args.keep:
+            shutil.rmtree(work / key, ignore_errors=True)
+    status = ("not run: " + (row.error or "")) if row.skipped else \
+        (f"FAILED: {row.error}" if row.error else
+         f"{row.seconds:.2f} s, {row.gbps:.3f} GB/s, stored {fmt(row.stored, ',')}, "
+         f"peak RSS {human(row.rss_peak) if row.rss_peak else 'n/a'}, data {row.verified}")
+    print(f"[{row.label}] {status} ({time.perf_counter() - began:.0f} s with mount, unmount and check)",
+          flush=True)
+    return row
+
+
+def representative(results: list[Row]) -> Row:
+    """A target's row over its rounds: a failed round if any (a failure is never averaged
+    away), else the median round by save time, with the highest memory peak of all rounds."""
+    failed = [r for r in results if r.error]
+    if failed:
+        return failed[0]
+    chosen = sorted(results, key=lambda r: r.seconds)[len(results) // 2]
+    peaks = [r.rss_peak for r in results if r.rss_peak is not None]
+    hwms = [r.rss_hwm for r in results if r.rss_hwm is not None]
+    return replace(chosen, rss_peak=max(peaks) if peaks else None, rss_hwm=max(hwms) if hwms else None,
+                   notes=[note for r in results for note in r.notes])
 
 
 def run(args: argparse.Namespace, work: Path) -> int:
@@ -1082,27 +1125,17 @@ def run(args: argparse.Namespace, work: Path) -> int:
           f"built in {time.perf_counter() - started:.1f} s", flush=True)
 
     ctx = Context(args, work, state, nvfs_options=args.nvfs_options)
-    rows: dict[str, Row] = {}
-    for key in args.targets:
-        row = rows[key] = Row(key)
-        settle()
-        row.notes.append(load_note() + " (before the save)")
-        print(f"[{row.label}] ...", flush=True)
-        began = time.perf_counter()
-        try:
-            BENCHES[key](ctx, row)
-        except Exception as exc:
-            row.error = f"{type(exc).__name__}: {exc}"
-            traceback.print_exc()
-        finally:
-            if not unmount_below(work / key) and not args.keep:
-                shutil.rmtree(work / key, ignore_errors=True)
-        status = ("not run: " + (row.error or "")) if row.skipped else \
-            (f"FAILED: {row.error}" if row.error else
-             f"{row.seconds:.2f} s, {row.gbps:.3f} GB/s, stored {fmt(row.stored, ',')}, "
-             f"peak RSS {human(row.rss_peak) if row.rss_peak else 'n/a'}, data {row.verified}")
-        print(f"[{row.label}] {status} ({time.perf_counter() - began:.0f} s with mount, unmount and check)",
-              flush=True)
+    runs: dict[str, list[Row]] = {key: [] for key in args.targets}
+    for round_index in range(args.rounds):
+        # Alternate the order, so that a drift of the machine's speed favours no target.
+        order = args.targets if round_index % 2 == 0 else args.targets[::-1]
+        for key in order:
+            runs[key].append(run_target(ctx, key, args, work, round_index))
+    rows = {key: representative(results) for key, results in runs.items()}
+    if args.rounds > 1:
+        print("\nsave s per round (the table shows each target's median round; peak RSS: the highest):")
+        for key, results in runs.items():
+            print(f"  {LABELS[key]:<10} " + ", ".join(fmt(r.seconds, ".2f") for r in results))
 
     print()
     print_table(list(rows.values()))

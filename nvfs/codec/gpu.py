@@ -659,17 +659,17 @@ class GpuEngine:
         region_chunk = np.repeat(np.arange(len(layout.regions)), [len(chunk) for chunk in layout.regions])
         plane_chunk = np.repeat(region_chunk, [ITEM_SIZE[placed.kind] for placed in regions])
         chunk_bytes = np.bincount(plane_chunk, weights=stored, minlength=len(layout.regions)).astype(np.int64)
-        params = pack_batch_params(BatchPlanes(
-            len(layout.regions), np.array([int(placed.kind) for placed in regions], dtype=np.int64),
-            np.array([placed.length for placed in regions], dtype=np.int64), region_chunk,
-            np.where(keep, int(self.codec), int(Codec.RAW)), stored, self._frame_size, kept_plane,
-            kept_length))
         payload = cp.empty(int(stored.sum()), dtype=cp.uint8)
         raw = np.flatnonzero(~keep & (lengths > 0))
         self._copy_segments(planes_buffer, payload,
                             np.stack((planes[raw, 0], plane_start[raw], lengths[raw]), axis=1))
         self._copy_segments(coded.output, payload,
                             np.stack((coded.offset[kept], targets, kept_length), axis=1))
+        params = pack_batch_params(BatchPlanes(  # while the GPU copies
+            len(layout.regions), np.array([int(placed.kind) for placed in regions], dtype=np.int64),
+            np.array([placed.length for placed in regions], dtype=np.int64), region_chunk,
+            np.where(keep, int(self.codec), int(Codec.RAW)), stored, self._frame_size, kept_plane,
+            kept_length))
         return params, payload, np.concatenate(([0], np.cumsum(chunk_bytes))).tolist()
 
     def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
