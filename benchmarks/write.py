@@ -927,7 +927,7 @@ def engine_probe(state: dict[str, Any], nvfs_options: str) -> str:
     stored = 0
 
     def work(block: bytes) -> int:
-        return len(encode_chunk(block, engine, None, digest_of(block))[0])
+        return sum(len(part) for part in encode_chunk(block, engine, None, digest_of(block))[0])
 
     rates = []
     for threads in (1, 2):

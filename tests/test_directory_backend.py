@@ -26,6 +26,13 @@ def test_put_makes_directories_and_get_returns_the_bytes(backend, size):
     assert (backend.root / "chunks" / "ab" / "cd" / "abcd").is_file()
 
 
+@pytest.mark.parametrize("durable", [False, True])  # O_DIRECT plus a tail, and through the page cache
+def test_put_parts_stores_them_back_to_back(backend, durable):
+    parts = [os.urandom(72), memoryview(os.urandom(3 << 20))[5:], bytearray(os.urandom(4099))]
+    backend.put_parts("chunks/ab/cd/abcd", parts, durable=durable)
+    assert backend.get("chunks/ab/cd/abcd") == b"".join(parts)
+
+
 def test_delete_prunes_empty_directories_and_a_later_put_makes_them_again(backend):
     backend.put("chunks/ab/cd/abcd", b"one", durable=False)
     backend.delete("chunks/ab/cd/abcd")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+
+Buffer = bytes | bytearray | memoryview
 
 
 class BackendError(Exception):
@@ -48,6 +50,14 @@ class Backend(ABC):
     @abstractmethod
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
         """Create or atomically replace an object."""
+
+    def put_parts(self, key: str, parts: Sequence[Buffer], *, durable: bool) -> None:
+        """:meth:`put` of the object made of ``parts`` back to back.
+
+        A chunk comes as its header and payload: a backend that can write them as they are
+        saves joining several MiB per chunk.
+        """
+        self.put(key, b"".join(parts), durable=durable)
 
     @abstractmethod
     def delete(self, key: str) -> None:

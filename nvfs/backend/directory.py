@@ -19,19 +19,20 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from nvfs.backend.base import Backend, BackendError, ObjectNotFound, StoreLocked
+from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound, StoreLocked
 
 log = logging.getLogger(__name__)
 
 _TMP = ".tmp"
 _ALIGN = 4096  # O_DIRECT offsets, lengths and memory: a multiple of the device's block size
 _DIRECT_MIN = 1 << 20  # smaller objects go through the page cache
+_BUFFER_STEP = 1 << 20  # the aligned buffer for O_DIRECT writes grows in these steps
 _RENAME_ATTEMPTS = 10  # a directory pruned under a put each time (see _rename_into_place)
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -51,6 +52,17 @@ def _write_all(fd: int, view: memoryview, *, stop_unaligned: bool = False) -> in
         if stop_unaligned and written % _ALIGN:
             break
     return written
+
+
+def _write_parts(fd: int, parts: Sequence[memoryview]) -> None:
+    """Write the parts back to back: one ``writev`` for all of them, unless it writes short."""
+    written = os.writev(fd, parts) if parts else 0
+    for part in parts:
+        if written >= len(part):
+            written -= len(part)
+            continue
+        _write_all(fd, part[written:])
+        written = 0
 
 
 class DirectoryBackend(Backend):
@@ -86,15 +98,19 @@ class DirectoryBackend(Backend):
             raise ObjectNotFound(key) from exc
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
+        self.put_parts(key, (data,), durable=durable)
+
+    def put_parts(self, key: str, parts: Sequence[Buffer], *, durable: bool) -> None:
         target = self._path(key)
         tmp = self._tmp / uuid.uuid4().hex
-        direct = not durable and self._direct and len(data) >= _DIRECT_MIN
+        views = [memoryview(part).cast("B") for part in parts]
+        direct = not durable and self._direct and sum(len(view) for view in views) >= _DIRECT_MIN
         fd = self._create(tmp, direct)
         try:
             if fd.direct:
-                self._write_direct(fd.fd, data)
+                self._write_direct(fd.fd, views)
             else:
-                _write_all(fd.fd, memoryview(data))
+                _write_parts(fd.fd, views)
             if durable:
                 os.fsync(fd.fd)
         finally:
@@ -146,27 +162,34 @@ class DirectoryBackend(Backend):
                 log.info("%s does not take direct I/O: chunks go through the page cache", self.root)
         return _OpenFile(os.open(path, flags, 0o644), direct=False)
 
-    def _write_direct(self, fd: int, data: bytes) -> None:
+    def _write_direct(self, fd: int, parts: Sequence[memoryview]) -> None:
         """Write whole blocks past the page cache, then the tail (less than a block) through it.
 
         The blocks are then on the device (its write cache) when this returns, so the
         ``syncfs`` before a manifest has little left to do, and chunks do not fill the page
         cache with pages nobody reads soon (on this VM first-touched page-cache pages cost
-        more CPU than the copy itself). O_DIRECT needs aligned memory: a per-thread buffer.
+        more CPU than the copy itself). O_DIRECT needs aligned memory: the parts are copied
+        into a per-thread buffer, which is also where they are joined.
         """
-        whole = len(data) - len(data) % _ALIGN
-        buffer = self._aligned_buffer(whole)
+        total = sum(len(part) for part in parts)
+        whole = total - total % _ALIGN
+        buffer = self._aligned_buffer(total)
         # numpy copies with the GIL released (a slice assignment to the mmap would hold it)
-        target = np.frombuffer(buffer, dtype=np.uint8, count=whole)
-        target[:] = np.frombuffer(data, dtype=np.uint8, count=whole)
+        target = np.frombuffer(buffer, dtype=np.uint8, count=total)
+        offset = 0
+        for part in parts:
+            target[offset : offset + len(part)] = np.frombuffer(part, dtype=np.uint8)
+            offset += len(part)
         written = _write_all(fd, memoryview(buffer)[:whole], stop_unaligned=True)
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-        _write_all(fd, memoryview(data)[written:])
+        _write_all(fd, memoryview(buffer)[written:total])
 
     def _aligned_buffer(self, size: int) -> mmap.mmap:
         buffer = getattr(self._buffers, "buffer", None)
         if buffer is None or len(buffer) < size:
-            buffer = self._buffers.buffer = mmap.mmap(-1, max(size, _ALIGN))  # page-aligned
+            # Whole MiB: chunk objects differ in size by a few bytes, and every new buffer is
+            # fresh memory whose pages fault in one by one.
+            buffer = self._buffers.buffer = mmap.mmap(-1, -(-size // _BUFFER_STEP) * _BUFFER_STEP)
         return buffer
 
     @staticmethod

@@ -21,10 +21,10 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from nvfs.backend.base import Backend, BackendError, ObjectNotFound
+from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound
 from nvfs.backend.directory import DirectoryBackend
 
 log = logging.getLogger(__name__)
@@ -105,12 +105,16 @@ class StagedBackend(Backend):
     # ----- writes ---------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
+        self.put_parts(key, (data,), durable=durable)
+
+    def put_parts(self, key: str, parts: Sequence[Buffer], *, durable: bool) -> None:
+        size = sum(memoryview(part).nbytes for part in parts)
         with self._cond:
-            self._cond.wait_for(lambda: self._staged_bytes + len(data) <= self.limit or not self._queue)
+            self._cond.wait_for(lambda: self._staged_bytes + size <= self.limit or not self._queue)
             self._unqueue(key)
-            self.stage.put(key, data, durable=durable)
-            self._queue[key] = len(data)
-            self._staged_bytes += len(data)
+            self.stage.put_parts(key, parts, durable=durable)
+            self._queue[key] = size
+            self._staged_bytes += size
             self._generation[key] = self._generation.get(key, 0) + 1
             self._last_put = time.monotonic()
             self._cond.notify_all()

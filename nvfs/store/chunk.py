@@ -70,10 +70,11 @@ def chunk_hash(name: str) -> ChunkHash:
 
 
 def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
-                 digest: bytes) -> tuple[bytes, Encoded]:
+                 digest: bytes) -> tuple[tuple[bytes, bytes | memoryview], Encoded]:
     """Build the object for ``data`` (holding ``regions``, if known, and hashing to ``digest``).
 
-    Returns the object and its encoding.
+    Returns the object, as its header (with the parameters) and its payload, to be written
+    back to back without joining them here, and its encoding.
     """
     encoded = engine.encode(data, regions)
     header = HEADER.pack(
@@ -88,7 +89,7 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
         zlib.crc32(encoded.payload, zlib.crc32(encoded.params)),
         digest,
     )
-    return b"".join((header, encoded.params, encoded.payload)), encoded
+    return (header + encoded.params, encoded.payload), encoded
 
 
 def parse_header(blob: bytes) -> ChunkHeader:

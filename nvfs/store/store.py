@@ -226,13 +226,13 @@ class Store:
             try:
                 known = self._present.get(cid)
                 if known is None or not self._still_safe(known[2]):
-                    blob, encoded = encode_chunk(data, self.engine, regions, digest)
+                    parts, encoded = encode_chunk(data, self.engine, regions, digest)
                     key = chunk_key(cid)
                     # On a shared backend an existing chunk may be collected by another
                     # mount any moment: store it again, which also renews its age.
                     if self.backend.shared or not self.backend.exists(key):
-                        self.backend.put(key, blob, durable=False)
-                    known = (len(blob), encoded.name, time.time())
+                        self.backend.put_parts(key, parts, durable=False)
+                    known = (sum(len(part) for part in parts), encoded.name, time.time())
                     if len(self._present) >= _PRESENT_LIMIT:
                         self._present.clear()
                     self._present[cid] = known
