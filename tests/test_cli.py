@@ -254,36 +254,53 @@ def test_empty_source_is_initialised(mount_factory):
     assert os.listdir(mount.path) == []
 
 
-def _chunk_names(mount) -> set[str]:
-    return {path.name for path in (mount.source / "chunks").rglob("*") if path.is_file()}
+def _chunk_paths(mount) -> set[str]:
+    """Where the store keeps chunk objects, relative to the source directory."""
+    chunks = (mount.source / "chunks").rglob("*")
+    return {str(path.relative_to(mount.source)) for path in chunks if path.is_file()}
 
 
-def test_new_store_names_chunks_by_blake3(mount_factory):
+def test_new_store_names_chunks_by_blake3_one_directory_deep(mount_factory):
     mount = mount_factory()
     mount.mount()
     superblock = json.loads((mount.source / "nvfs.json").read_bytes())
-    assert (superblock["nvfs_store"], superblock["hash"]) == (2, "blake3"), superblock
+    assert (superblock["nvfs_store"], superblock["hash"]) == (3, "blake3"), superblock
     data = os.urandom(100_000)
     (mount.path / "f.bin").write_bytes(data)
     mount.remount()
     assert (mount.path / "f.bin").read_bytes() == data
-    assert _chunk_names(mount) == {blake3.blake3(data).hexdigest()}
+    name = blake3.blake3(data).hexdigest()
+    assert _chunk_paths(mount) == {f"chunks/{name[:2]}/{name}"}
 
 
-def test_format_1_store_keeps_sha256(mount_factory):
-    """A store made before BLAKE3 (format 1) goes on naming and checking its chunks by SHA-256."""
+@pytest.mark.parametrize("version, hash_name", [(1, "sha256"), (2, "blake3")])
+def test_older_store_keeps_its_hash_and_chunk_layout(mount_factory, version, hash_name):
+    """Stores made before BLAKE3 (format 1) or before the one-level chunk layout (format 2) go
+    on naming and placing their chunks as they did; their superblock is left as it is."""
     mount = mount_factory()
     mount.mount()
     mount.umount()
-    superblock = {"nvfs_store": 1, "created": "2026-11-29T10:00:00Z", "hash": "sha256", "chunk_size": 4 << 20}
+    superblock = {"nvfs_store": version, "created": "2026-11-29T10:00:00Z", "hash": hash_name,
+                  "chunk_size": 4 << 20}
     (mount.source / "nvfs.json").write_text(json.dumps(superblock))
     mount.mount()
     data = os.urandom(100_000)
     (mount.path / "old.bin").write_bytes(data)
     mount.remount()
     assert (mount.path / "old.bin").read_bytes() == data
-    assert _chunk_names(mount) == {hashlib.sha256(data).hexdigest()}
+    name = {"sha256": hashlib.sha256, "blake3": blake3.blake3}[hash_name](data).hexdigest()
+    assert _chunk_paths(mount) == {f"chunks/{name[:2]}/{name[2:4]}/{name}"}
     assert json.loads((mount.source / "nvfs.json").read_bytes()) == superblock
+
+
+def test_newer_store_format_is_refused(mount_factory):
+    mount = mount_factory()
+    mount.mount()
+    mount.umount()
+    (mount.source / "nvfs.json").write_text(json.dumps({"nvfs_store": 4, "hash": "blake3"}))
+    result = _mount_cli(mount)
+    _assert_error(result, "store format 4 is newer")
+    assert not os.path.ismount(mount.mountpoint)
 
 
 def test_unknown_chunk_hash_is_refused(mount_factory):

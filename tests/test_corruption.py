@@ -56,7 +56,7 @@ def _refs(mount, name: str) -> list[list]:
 
 
 def _chunk_path(mount, cid: str) -> Path:
-    path = mount.source / "chunks" / cid[:2] / cid[2:4] / cid
+    path = mount.source / "chunks" / cid[:2] / cid
     assert path.is_file(), f"chunk object {cid} is not where the store layout puts it"
     return path
 

@@ -45,7 +45,7 @@ def test_cache_serves_reads_after_a_remount_when_the_store_lost_the_chunks(mount
     ids = _chunk_ids(mount, "ckpt.bin")
     assert sorted(_cached(cache)) == sorted(ids)
     for cid, path in _cached(cache).items():  # stored form: byte for byte the S3 object
-        assert path.read_bytes() == mount.read_object(f"chunks/{cid[:2]}/{cid[2:4]}/{cid}")
+        assert path.read_bytes() == mount.read_object(f"chunks/{cid[:2]}/{cid}")
 
     mount.umount()
     _delete_chunks_from_store(mount)
@@ -119,4 +119,4 @@ def test_damaged_cache_entries_are_fetched_again(mount_factory, tmp_path):
     for cid in (first, second, third):
         assert f"disk cache: copy of chunk {cid} is damaged" in log, log
     for cid, path in _cached(cache).items():  # good copies replaced the damaged ones
-        assert path.read_bytes() == mount.read_object(f"chunks/{cid[:2]}/{cid[2:4]}/{cid}")
+        assert path.read_bytes() == mount.read_object(f"chunks/{cid[:2]}/{cid}")

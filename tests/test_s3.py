@@ -89,7 +89,7 @@ def _chunk_ids(mount: Mount, name: str) -> list[str]:
 
 
 def _chunk_key(cid: str) -> str:
-    return f"chunks/{cid[:2]}/{cid[2:4]}/{cid}"
+    return f"chunks/{cid[:2]}/{cid}"
 
 
 def _log_errors(mount: Mount, lines: int = 12) -> str:

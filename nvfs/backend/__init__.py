@@ -1,6 +1,6 @@
 """Backend layer: a flat key space of immutable-by-convention objects.
 
-The store speaks only in keys (``nvfs.json``, ``chunks/ab/cd/<id>``, ``tree/<path>``); a
+The store speaks only in keys (``nvfs.json``, ``chunks/ab/<id>``, ``tree/<path>``); a
 backend maps them onto a local directory today and onto S3 objects later.
 """
 

@@ -1,6 +1,6 @@
 """The store: namespace entries as manifests, file contents as content-addressed chunks.
 
-Key layout (docs/FORMAT.md): ``nvfs.json`` (the superblock), ``chunks/ab/cd/<hash>``
+Key layout (docs/FORMAT.md): ``nvfs.json`` (the superblock), ``chunks/ab/<hash>``
 (one object per distinct chunk, shared by every file that holds those bytes) and
 ``tree/<path>`` (one manifest per file or symlink; ``tree/<dir>/#dir`` per directory).
 
@@ -27,7 +27,9 @@ from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_m
 
 log = logging.getLogger(__name__)
 
-STORE_FORMAT_VERSION = 2  # 2: chunks are named by BLAKE3 (1: SHA-256, still read and written)
+# 3: chunk objects one directory level deep; 2: named by BLAKE3, two levels deep; 1: named by
+# SHA-256, two levels deep (all still read and written, each in its own layout)
+STORE_FORMAT_VERSION = 3
 NEW_STORE_HASH = "blake3"
 SUPERBLOCK_KEY = "nvfs.json"
 TREE_PREFIX = "tree/"
@@ -102,7 +104,16 @@ def dir_prefix(path: Path) -> str:
     return entry_key(path) + "/" if path else TREE_PREFIX
 
 
-def chunk_key(cid: str) -> str:
+def chunk_key(cid: str, store_version: int = STORE_FORMAT_VERSION) -> str:
+    """The key of chunk ``cid`` in a store of format ``store_version``.
+
+    Stores of format 3 keep chunks in 256 directories: on a directory backend the
+    65536 of the earlier two-level layout cost a new directory for most chunks of a new
+    store, and each new directory, like each new file, an inode that ext4 searches for
+    (saving 2 GiB into a new store: 3.5 s instead of 3.9 s, alternating).
+    """
+    if store_version >= 3:
+        return f"{CHUNK_PREFIX}{cid[:2]}/{cid}"
     return f"{CHUNK_PREFIX}{cid[:2]}/{cid[2:4]}/{cid}"
 
 
@@ -149,6 +160,7 @@ class Store:
         self.engine = engine
         self.disk_cache = disk_cache
         self.superblock = superblock
+        self.version = int(superblock["nvfs_store"])
         try:
             self.digest_of = chunk_hash(superblock.get("hash", "sha256"))
         except KeyError as exc:
@@ -227,7 +239,7 @@ class Store:
                 known = self._present.get(cid)
                 if known is None or not self._still_safe(known[2]):
                     parts, encoded = encode_chunk(data, self.engine, regions, digest)
-                    key = chunk_key(cid)
+                    key = chunk_key(cid, self.version)
                     # On a shared backend an existing chunk may be collected by another
                     # mount any moment: store it again, which also renews its age.
                     if self.backend.shared or not self.backend.exists(key):
@@ -261,7 +273,7 @@ class Store:
                                 ref.id, exc)
                     self.disk_cache.discard(ref.id)
         try:
-            blob = self.backend.get(chunk_key(ref.id), content_addressed=True)
+            blob = self.backend.get(chunk_key(ref.id, self.version), content_addressed=True)
         except ObjectNotFound:
             raise ChunkCorrupt("chunk object is missing") from None
         except BackendError as exc:
