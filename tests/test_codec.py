@@ -52,6 +52,21 @@ def _values(kind: ElementKind, count: int, seed: int, zero_fraction: float, spec
         return values.astype(FLOAT_DTYPES[kind]).tobytes()
 
 
+@pytest.mark.parametrize("kind", [ElementKind.BF16, ElementKind.FP16, ElementKind.FP32, ElementKind.FP64])
+def test_planes_are_the_bytes_of_the_values_rotated_left_one_bit(kind):
+    """docs/FORMAT.md's definition, computed value by value in Python."""
+    size = ITEM_SIZE[kind]
+    data = np.random.default_rng(5).integers(0, 256, 1000 * size, dtype=np.uint8).tobytes()
+    bits = 8 * size
+    expected = [bytearray() for _ in range(size)]
+    for start in range(0, len(data), size):
+        value = int.from_bytes(data[start : start + size], "little")
+        rotated = ((value << 1) | (value >> (bits - 1))) & ((1 << bits) - 1)
+        for index in range(size):
+            expected[index].append((rotated >> (8 * (size - 1 - index))) & 0xFF)
+    assert [plane.tobytes() for plane in to_planes(memoryview(data), kind)] == list(map(bytes, expected))
+
+
 def _roundtrip(data: bytes, regions: list[Region] | None) -> None:
     encoded = ENGINE.encode(data, regions)
     assert bytes(ENGINE.decode(encoded, len(data))) == data

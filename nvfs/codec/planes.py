@@ -136,23 +136,26 @@ def _parse_plane(params: bytes, cursor: int, plane_length: int) -> tuple[PlaneEn
 def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
     """Split whole values into byte planes, most significant (exponent) plane first.
 
-    Each plane is cut out of the rotated values by one shift whose result numpy narrows to
-    bytes as it stores it (``out=`` a byte array): one pass per plane, no temporaries, and few
-    numpy calls — in the daemon each call gives up and takes back the GIL, which costs more
-    than the pass when the FUSE thread is busy.
+    Plane ``p`` is byte ``size - 1 - p`` of the value rotated left by one bit. Byte ``k >= 1``
+    of the rotated value is bits ``8k - 1`` to ``8k + 6`` of the value itself: one shift, whose
+    result numpy narrows to bytes as it stores it (``out=`` a byte array), cuts such a plane
+    out of the values, with no rotated copy made first. Byte 0 is the value's low seven bits
+    and then its sign: two such shifts and an or. Few numpy calls matter too: in the daemon
+    each one gives up and takes back the GIL, which costs more than the pass when the FUSE
+    thread is busy. (4 MiB of bf16: 0.40 ms, 0.49 ms rotating first; fp32 0.61 vs 0.72 ms.)
     """
     size = ITEM_SIZE[kind]
     raw = np.frombuffer(data, dtype=np.uint8)
     if size == 1:
         return [raw]
     values = raw.view(_UINT[size])
-    rotated = values << 1
-    rotated |= values >> (size * 8 - 1)
-    planes = []
-    for index in range(size):
-        plane = np.empty(len(values), dtype=np.uint8)
-        np.right_shift(rotated, 8 * (size - 1 - index), out=plane, casting="unsafe")
-        planes.append(plane)
+    planes = [np.empty(len(values), dtype=np.uint8) for _ in range(size)]
+    for index in range(size - 1):
+        np.right_shift(values, 8 * (size - 1 - index) - 1, out=planes[index], casting="unsafe")
+    last, sign = planes[-1], np.empty(len(values), dtype=np.uint8)
+    np.left_shift(values, 1, out=last, casting="unsafe")
+    np.right_shift(values, 8 * size - 1, out=sign, casting="unsafe")
+    last |= sign
     return planes
 
 
