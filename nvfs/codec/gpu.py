@@ -594,11 +594,11 @@ class GpuEngine:
 
     def _code(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
               bounds: np.ndarray) -> _Coded:
-        """Code the frames of planes worth coding, in one launch, and wait once.
+        """Code the frames of planes worth coding, in one launch; wait for the planes' byte
+        counts first and for the coded lengths at the end.
 
         Near-random planes are stored raw (the CPU engine's entropy test, on whole planes here,
-        from byte counts that the Huffman tables need anyway): coding them costs time and,
-        with ANS, bytes.
+        from byte counts that the Huffman tables need anyway): coding them only costs time.
         """
         count = len(frames.start)
         coded = _Coded(None, np.zeros(count, dtype=bool), np.zeros(count, dtype=np.int64),
