@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402
 
+from nvfs.store import DEFAULT_CHUNK_SIZE  # noqa: E402
+
 
 def _trained_state() -> dict:
     """A small model after a few AdamW steps: weights, master copy and optimizer moments."""
@@ -87,7 +89,7 @@ def test_compressible_checkpoint_is_stored_smaller(mounted):
     assert store_bytes < 0.8 * logical
 
 
-def _expected_stored(blob: bytes, chunk: int = 4 << 20) -> int:
+def _expected_stored(blob: bytes, chunk: int = DEFAULT_CHUNK_SIZE) -> int:
     """What the codec layer stores for ``blob`` when it sees the file's chunks in order."""
     from nvfs.codec import CpuEngine, LayoutTracker
     from nvfs.store.chunk import HEADER

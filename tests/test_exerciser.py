@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from nvfs.store import DEFAULT_CHUNK_SIZE
+
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -31,7 +33,8 @@ class Variant:
 
 
 SMALL = Variant(("chunk_size=64k",), 64 * KIB, max_size=3 * MIB // 2, max_write=300 * KIB, steps=800)
-DEFAULT = Variant((), 4 * MIB, max_size=24 * MIB, max_write=9 * MIB, steps=200)
+DEFAULT = Variant((), DEFAULT_CHUNK_SIZE, max_size=6 * DEFAULT_CHUNK_SIZE,
+                  max_write=DEFAULT_CHUNK_SIZE * 9 // 4, steps=200)
 # tight limits: partly written chunks are stored early and rewritten, few are cached
 PRESSURE = Variant(("chunk_size=64k", "max_dirty=1M", "max_inflight=1M", "cache_size=1M", "readahead=0"),
                    64 * KIB, max_size=4 * MIB, max_write=1 * MIB, steps=500)
@@ -41,7 +44,7 @@ NOCACHE = dataclasses.replace(PRESSURE, options=("chunk_size=64k", "max_dirty=1M
 
 CASES = [
     *(pytest.param(SMALL, seed, "dir", id=f"chunk64k-seed{seed}") for seed in (1, 2, 3, 4)),
-    *(pytest.param(DEFAULT, seed, "dir", id=f"chunk4M-seed{seed}") for seed in (1, 2, 3)),
+    *(pytest.param(DEFAULT, seed, "dir", id=f"chunk-default-seed{seed}") for seed in (1, 2, 3)),
     *(pytest.param(PRESSURE, seed, "dir", id=f"pressure-seed{seed}") for seed in (1, 2)),
     pytest.param(NOCACHE, 1, "dir", id="nocache-seed1"),
     pytest.param(dataclasses.replace(SMALL, steps=300), 5, "s3", id="s3-chunk64k-seed5"),

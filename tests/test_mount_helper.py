@@ -106,7 +106,7 @@ def test_mount_from_fstab_line(helper_env, mount_factory, tmp_path):
 
     data = os.urandom(3 << 20)
     (mount.path / "f.bin").write_bytes(data)
-    # chunk_size=1M from the fstab line reached the daemon: 3 chunks, not one of 4M.
+    # chunk_size=1M from the fstab line reached the daemon: 3 chunks, not one of the default size.
     assert os.getxattr(mount.path / "f.bin", "user.nvfs.chunks") == b"3"
     _plain_umount(mount, helper_env)
     result = _run(["mount", "-T", str(fstab), str(mount.mountpoint)], helper_env)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from nvfs.store import DEFAULT_CHUNK_SIZE
 from tests.conftest import drop_cache
 
 KIB = 1 << 10
@@ -25,7 +26,7 @@ SMALL_CHUNK = 64 * KIB
 
 # (mount options, chunk size they give) for tests that must hold at either chunk size
 CHUNK_SIZES = [
-    pytest.param(((), 4 * MIB), id="chunk4M"),
+    pytest.param(((), DEFAULT_CHUNK_SIZE), id="chunk-default"),
     pytest.param((("chunk_size=64k",), SMALL_CHUNK), id="chunk64k"),
 ]
 
@@ -854,7 +855,7 @@ def test_statvfs(mounted):
 
 def test_xattrs(mounted):
     path = mounted.path / "x"
-    data = compressible(6 * MIB, 13)
+    data = compressible(DEFAULT_CHUNK_SIZE * 3 // 2, 13)  # a chunk and a half
     path.write_bytes(data)
     names = set(os.listxattr(path))
     expected = {f"user.nvfs.{key}" for key in
@@ -872,7 +873,7 @@ def test_xattrs(mounted):
     assert abs(float(attr("ratio")) - len(data) / stored) < 0.01
     assert attr("codec").endswith("zstd")
     assert attr("engine") in ("cpu", "gpu")
-    assert int(attr("chunk_size")) == 4 * MIB
+    assert int(attr("chunk_size")) == DEFAULT_CHUNK_SIZE
     assert int(attr("chunks")) == 2
     assert attr("committed") == "yes"
     assert stored == manifest(mounted, "x")["stored_size"]
@@ -1007,4 +1008,4 @@ def test_file_written_with_small_chunks_is_editable_at_default_chunk_size(mount_
     assert path.read_bytes() == data
     new = mount.path / "g"
     new.write_bytes(data)
-    assert manifest(mount, "g")["chunk_size"] == 4 * MIB
+    assert manifest(mount, "g")["chunk_size"] == DEFAULT_CHUNK_SIZE

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from nvfs.store import DEFAULT_CHUNK_SIZE
 from tests.conftest import NVFS, Mount
 from tests.seaweed import SECRET_KEY, SeaweedServer, free_port
 
@@ -177,7 +178,7 @@ def test_reader_on_other_mount_never_sees_a_torn_file(mount_factory):
     base = bytearray(os.urandom(size))
     versions = []
     for number in range(4):
-        for offset in range(0, size, 4 * MIB):  # every chunk differs from every other version's
+        for offset in range(0, size, DEFAULT_CHUNK_SIZE):  # every chunk differs from every other version's
             base[offset : offset + 8] = number.to_bytes(8, "little")
         versions.append(bytes(base))
     digests = {_digest(data): number for number, data in enumerate(versions)}

@@ -4,7 +4,8 @@ from nvfs.codec import LayoutTracker
 from nvfs.store.chunk import ChunkCorrupt
 from nvfs.store.disk_cache import ChunkFileCache, DiskCacheError
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError
-from nvfs.store.store import ChunkUnreadable, Store, StoreError, StoreUnavailable
+from nvfs.store.store import DEFAULT_CHUNK_SIZE, ChunkUnreadable, Store, StoreError, StoreUnavailable
 
-__all__ = ["ChunkCorrupt", "ChunkFileCache", "ChunkRef", "ChunkUnreadable", "DiskCacheError", "LayoutTracker",
-           "Manifest", "ManifestError", "Store", "StoreError", "StoreUnavailable"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "ChunkCorrupt", "ChunkFileCache", "ChunkRef", "ChunkUnreadable",
+           "DiskCacheError", "LayoutTracker", "Manifest", "ManifestError", "Store", "StoreError",
+           "StoreUnavailable"]

@@ -35,6 +35,12 @@ SUPERBLOCK_KEY = "nvfs.json"
 TREE_PREFIX = "tree/"
 CHUNK_PREFIX = "chunks/"
 DIR_MARKER = "#dir"
+# Chunk (slot) size of files written by a mount without -o chunk_size. Larger chunks write
+# faster (each costs Python work, a file or a request: a 2 GiB torch.save into a directory
+# store took 3.10/3.24 s with 8 MiB, 3.46/3.55 s with 4 MiB, alternating), but a lazily read
+# tensor then pulls in more around it, as the kernel reads around an mmap fault into the
+# chunks on either side: safe_open of one 16 MiB tensor of a 1 GiB safetensors file from S3
+# fetched 5.2% of the file's stored bytes with 8 MiB chunks, 3.9% with 4 MiB.
 DEFAULT_CHUNK_SIZE = 4 << 20
 _PRESENT_LIMIT = 1 << 20  # chunk ids remembered as stored, for dedup without a backend round trip
 SHARED_GC_GRACE = 3600.0  # seconds a chunk on a shared backend is safe from other mounts' collectors

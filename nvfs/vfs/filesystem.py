@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import trio
 
-from nvfs.store import ChunkCorrupt, ChunkUnreadable, Manifest, Store, StoreUnavailable
+from nvfs.store import DEFAULT_CHUNK_SIZE, ChunkCorrupt, ChunkUnreadable, Manifest, Store, StoreUnavailable
 from nvfs.vfs.cache import ChunkCache
 from nvfs.vfs.content import FileContent, Slot, SlotBuffer
 from nvfs.vfs.node import Node, Stat
@@ -44,7 +44,7 @@ class VfsError(Exception):
 class VfsConfig:
     """Tunables of a mount (``-o`` options)."""
 
-    chunk_size: int = 4 << 20
+    chunk_size: int = DEFAULT_CHUNK_SIZE
     cache_size: int = 256 << 20
     max_inflight: int = 256 << 20
     max_dirty: int = 256 << 20
