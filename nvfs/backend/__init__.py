@@ -1,7 +1,7 @@
 """Backend layer: a flat key space of immutable-by-convention objects.
 
 The store speaks only in keys (``nvfs.json``, ``chunks/ab/<id>``, ``tree/<path>``); a
-backend maps them onto a local directory today and onto S3 objects later.
+backend maps them onto a local directory or onto the objects of an S3 bucket.
 """
 
 from nvfs.backend.base import Backend, BackendError, ObjectNotFound, StoreLocked
