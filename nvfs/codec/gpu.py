@@ -281,6 +281,23 @@ class _Job:
     lengths: Callable[[], Sequence[int]]
 
 
+@dataclass
+class _NvcompDecode:
+    """A queued nvCOMP decode; what it reads and writes stays referenced until it is checked."""
+
+    codec: Codec
+    decoded: object  # nvCOMP's output batch: its sizes are known once the stream is done
+    sizes: list[int]
+    buffers: tuple
+
+    def __call__(self) -> bool:
+        """Raise :class:`CodecError` unless every frame decoded to its size. False: these frames
+        were queued before the merge, which needs no second run for them."""
+        if batch_sizes(self.decoded) != self.sizes:
+            raise CodecError(f"{self.codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
+        return False
+
+
 @dataclass(frozen=True)
 class _Placed:
     """A region of a batch: where its bytes lie in the data and its planes in the plane buffer."""
@@ -525,10 +542,16 @@ class GpuEngine:
                             (source, target, plane_length, plane.frame_size, plane.frame_lengths))
                     source += plane.stored
         self._copy_segments(payload, planes_buffer, raw_segments)
-        for codec, planes in framed.items():
-            self._decompress(codec, payload, planes_buffer, frame_table(planes))
+        checks = [self._decompress(codec, payload, planes_buffer, frame_table(planes))
+                  for codec, planes in framed.items()]
         out = cp.empty(total, dtype=cp.uint8)
         self._launch(self._merge, planes_buffer, out, layout)
+        if checks:
+            # One wait for the batch: the merge is queued before any frame's status is known,
+            # and queued again in the rare batch where some frames needed nvCOMP after all.
+            self._wait()
+            if any([check() for check in checks]):
+                self._launch(self._merge, planes_buffer, out, layout)
         return out
 
     # -- steps ------------------------------------------------------------------------------
@@ -673,35 +696,46 @@ class GpuEngine:
         return params, payload, np.concatenate(([0], np.cumsum(chunk_bytes))).tolist()
 
     def _decompress(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
-                    frames: np.ndarray) -> None:
-        """Decode frames (payload offset, stored length, plane buffer offset, size).
+                    frames: np.ndarray) -> Callable[[], bool]:
+        """Queue the decoding of frames (payload offset, stored length, plane buffer offset, size).
 
         Zstd frames of the shape this engine writes (Huffman-coded literals only, RLE or raw)
         are decoded in place by our kernel; nvCOMP decodes the others (the CPU engine's carry
-        a few matches) and the ANS frames, after they are gathered at aligned offsets, as
-        nvCOMP wants its inputs aligned.
+        a few matches) and the ANS frames. Returns the check to call once the stream is done:
+        it raises :class:`CodecError` for damaged frames, decodes (and waits for) the frames
+        our kernel left to nvCOMP, and says whether there were any.
         """
-        rest = np.arange(len(frames))
-        if codec == Codec.ZSTD_FRAMES:
-            status = self._huffman.decode(payload, frames[:, 0], frames[:, 1], planes_buffer, frames[:, 2],
-                                          frames[:, 3])
-            self._wait()
-            status = status.get()
-            if (status == FRAME_DAMAGED).any():
+        if codec != Codec.ZSTD_FRAMES:
+            return self._nvcomp_decode(codec, payload, planes_buffer, frames)
+        status = self._huffman.decode(payload, frames[:, 0], frames[:, 1], planes_buffer, frames[:, 2],
+                                      frames[:, 3])
+
+        def check() -> bool:
+            found = status.get()
+            if (found == FRAME_DAMAGED).any():
                 raise CodecError("zstd frames do not decode to their sizes (damaged chunk)")
-            rest = np.flatnonzero(status != FRAME_DECODED)
+            rest = np.flatnonzero(found != FRAME_DECODED)
             if not len(rest):
-                return
-        lengths, targets, sizes = frames[rest, 1], frames[rest, 2], frames[rest, 3]
+                return False
+            check_rest = self._nvcomp_decode(codec, payload, planes_buffer, frames[rest])
+            self._wait()
+            check_rest()
+            return True
+
+        return check
+
+    def _nvcomp_decode(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
+                       frames: np.ndarray) -> _NvcompDecode:
+        """Queue nvCOMP's decoding of frames, gathered first at aligned offsets as nvCOMP wants
+        its inputs; returns the check of their decoded lengths, for once the stream is done."""
+        lengths, targets, sizes = frames[:, 1], frames[:, 2], frames[:, 3]
         aligned = np.concatenate(([0], np.cumsum(-(-lengths // _ALIGN) * _ALIGN)))
         gathered = cp.empty(int(aligned[-1]), dtype=cp.uint8)
-        self._copy_segments(payload, gathered, np.stack((frames[rest, 0], aligned[:-1], lengths), axis=1))
+        self._copy_segments(payload, gathered, np.stack((frames[:, 0], aligned[:-1], lengths), axis=1))
         sources_batch = nvcomp.as_arrays(gathered, aligned[:-1].tolist(), lengths.tolist(), self._stream.ptr)
         targets_batch = nvcomp.as_arrays(planes_buffer, targets.tolist(), sizes.tolist(), self._stream.ptr)
         decoded = self._coders[codec].decode(sources_batch, out=targets_batch)
-        self._wait()
-        if batch_sizes(decoded) != sizes.tolist():
-            raise CodecError(f"{codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
+        return _NvcompDecode(codec, decoded, sizes.tolist(), (gathered, sources_batch, targets_batch))
 
     def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:
         """Copy (source offset, target offset, length) segments in one kernel."""
