@@ -54,15 +54,25 @@ __host__ __device__ static int huffman_lengths(const u32* counts, u8* lengths) {
         if (counts[s]) symbol[n++] = (u16)s;
     }
     if (n < 2) return 0;
-    for (int i = 1; i < n; i++) {  // insertion sort by count, ascending
-        u16 s = symbol[i];
-        int j = i - 1;
-        while (j >= 0 && counts[symbol[j]] > counts[s]) {
-            symbol[j + 1] = symbol[j];
-            j--;
+    // Sort by count, ascending, ties by symbol: a Shell sort of (count, symbol) keys. An
+    // insertion sort of 256 symbols, one GPU thread per table, took most of a batch's table
+    // building for fp32 planes (2.5 ms of 6.7 for 256 MiB on the H200).
+    u64 key[256];
+    for (int i = 0; i < n; i++) key[i] = (u64)counts[symbol[i]] << 8 | symbol[i];
+    const int gaps[5] = {57, 23, 10, 4, 1};
+    for (int g = 0; g < 5; g++) {
+        int gap = gaps[g];
+        for (int i = gap; i < n; i++) {
+            u64 k = key[i];
+            int j = i;
+            while (j >= gap && key[j - gap] > k) {
+                key[j] = key[j - gap];
+                j -= gap;
+            }
+            key[j] = k;
         }
-        symbol[j + 1] = s;
     }
+    for (int i = 0; i < n; i++) symbol[i] = (u16)(key[i] & 0xFF);
     for (int shift = 0; shift < 32; shift++) {
         for (int i = 0; i < n; i++) {
             u32 scaled = counts[symbol[i]] >> shift;
