@@ -33,7 +33,14 @@ import numpy as np
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
 from nvfs.codec.frames import BatchPlanes, FramedPlane, Frames, frame_table, pack_batch_params, plane_frames
-from nvfs.codec.gpu_huffman import FRAME_CAPACITY, FRAME_DAMAGED, FRAME_DECODED, GPU_FRAME_SIZE, HuffmanFrames
+from nvfs.codec.gpu_huffman import (
+    FRAME_CAPACITY,
+    FRAME_DAMAGED,
+    FRAME_DECODED,
+    GPU_FRAME_SIZE,
+    HuffmanFrames,
+    aligned,
+)
 from nvfs.codec.planes import (
     FRAME_SIZE,
     ITEM_SIZE,
@@ -60,7 +67,6 @@ BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
 _COPY_THREADS = min(8, os.cpu_count() or 1)
 _THREADS = 256
 COPY_PIECE = 64 << 10  # bytes one block of the copy kernel moves at most
-_ALIGN = 256  # plane and frame alignment in device buffers (nvCOMP asks for at most this)
 
 _GROUP = 16  # values per thread in the plane kernels: one 16-byte store per plane
 _KERNELS = f"#define GROUP {_GROUP}\n" + r"""
@@ -460,7 +466,7 @@ class GpuEngine:
             Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", **common),
         }
         frame = nvcomp.as_array(cp.empty(FRAME_SIZE, dtype=cp.uint8))
-        self._capacity = {codec: -(-coder.get_max_comp_buffer_size(frame) // _ALIGN) * _ALIGN
+        self._capacity = {codec: aligned(coder.get_max_comp_buffer_size(frame))
                           for codec, coder in self._coders.items()}
         self._pinned = np.empty(0, dtype=np.uint8)
         warm_up = np.zeros(1 << 20, dtype=np.uint8).tobytes()  # compiles the kernels, sizes the pools
@@ -729,10 +735,10 @@ class GpuEngine:
         """Queue nvCOMP's decoding of frames, gathered first at aligned offsets as nvCOMP wants
         its inputs; returns the check of their decoded lengths, for once the stream is done."""
         lengths, targets, sizes = frames[:, 1], frames[:, 2], frames[:, 3]
-        aligned = np.concatenate(([0], np.cumsum(-(-lengths // _ALIGN) * _ALIGN)))
-        gathered = cp.empty(int(aligned[-1]), dtype=cp.uint8)
-        self._copy_segments(payload, gathered, np.stack((frames[:, 0], aligned[:-1], lengths), axis=1))
-        sources_batch = nvcomp.as_arrays(gathered, aligned[:-1].tolist(), lengths.tolist(), self._stream.ptr)
+        starts = np.concatenate(([0], np.cumsum(aligned(lengths))))
+        gathered = cp.empty(int(starts[-1]), dtype=cp.uint8)
+        self._copy_segments(payload, gathered, np.stack((frames[:, 0], starts[:-1], lengths), axis=1))
+        sources_batch = nvcomp.as_arrays(gathered, starts[:-1].tolist(), lengths.tolist(), self._stream.ptr)
         targets_batch = nvcomp.as_arrays(planes_buffer, targets.tolist(), sizes.tolist(), self._stream.ptr)
         decoded = self._coders[codec].decode(sources_batch, out=targets_batch)
         return _NvcompDecode(codec, decoded, sizes.tolist(), (gathered, sources_batch, targets_batch))
@@ -767,7 +773,7 @@ def _request_bytes(request: tuple) -> int:
 def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
     """Kernel tables for chunks placed back to back, in the order given.
 
-    Each plane starts at a multiple of :data:`_ALIGN` in the plane buffer, so every frame that
+    Each plane starts at a multiple of ``gpu_huffman.ALIGN`` in the plane buffer, so every frame that
     nvCOMP reads or writes there is aligned as it requires.
     """
     columns: tuple[list[int], ...] = ([], [], [], [], [])
@@ -776,7 +782,7 @@ def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
         placed = []
         for region in chunk_regions:
             size = ITEM_SIZE[region.kind]
-            stride = -(-(region.length // size) // _ALIGN) * _ALIGN
+            stride = aligned(region.length // size)
             placed.append(_Placed(region.kind, base, region.length, plane_base, stride))
             if region.length:
                 for column, value in zip(columns, (values, base, plane_base, stride, size), strict=True):

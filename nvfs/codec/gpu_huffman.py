@@ -26,11 +26,12 @@ _DESCRIPTION_STRIDE = 144  # these two must match DESCRIPTION_STRIDE and LANES i
 _LANES = 64
 _DECODE_SLOTS = 8  # frames per block of decode_frames (four threads each), as DECODE_SLOTS in the .cu
 FRAME_DECODED, FRAME_UNSUPPORTED, FRAME_DAMAGED = 0, 1, 2  # decode statuses, as in zstd_huffman.cu
-_ALIGN = 256
+ALIGN = 256  # alignment of planes and frames in device buffers (nvCOMP asks for at most this)
 
 
-def _aligned(size: int) -> int:
-    return -(-size // _ALIGN) * _ALIGN
+def aligned(size):
+    """``size`` (an int or an array of them) rounded up to a multiple of :data:`ALIGN`."""
+    return -(-size // ALIGN) * ALIGN
 
 
 # Decoded bytes per frame this engine writes: a quarter of the CPU engine's. Each of a frame's
@@ -39,7 +40,7 @@ def _aligned(size: int) -> int:
 # 2.6 ms with 64 KiB frames, 1.7 with 32 KiB, 1.9 with 16 KiB), for 0.1% more stored bytes
 # than 64 KiB frames (0.3% with 16 KiB). Readers take any frame size (docs/FORMAT.md).
 GPU_FRAME_SIZE = 32 << 10
-FRAME_CAPACITY = _aligned(GPU_FRAME_SIZE + 64)  # the largest frame: raw, 12 bytes of headers and the bytes
+FRAME_CAPACITY = aligned(GPU_FRAME_SIZE + 64)  # the largest frame: raw, 12 bytes of headers and the bytes
 
 
 @dataclass

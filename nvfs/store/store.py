@@ -110,19 +110,6 @@ def dir_prefix(path: Path) -> str:
     return entry_key(path) + "/" if path else TREE_PREFIX
 
 
-def chunk_key(cid: str, store_version: int = STORE_FORMAT_VERSION) -> str:
-    """The key of chunk ``cid`` in a store of format ``store_version``.
-
-    Stores of format 3 keep chunks in 256 directories: on a directory backend the
-    65536 of the earlier two-level layout cost a new directory for most chunks of a new
-    store, and each new directory, like each new file, an inode that ext4 searches for
-    (saving 2 GiB into a new store, seven alternating pairs: 3.4-3.8 s instead of 3.4-4.3 s).
-    """
-    if store_version >= 3:
-        return f"{CHUNK_PREFIX}{cid[:2]}/{cid}"
-    return f"{CHUNK_PREFIX}{cid[:2]}/{cid[2:4]}/{cid}"
-
-
 class _SharedExclusiveLock:
     """Many chunk writers at once, or one garbage-collection sweep."""
 
@@ -231,6 +218,18 @@ class Store:
         """A tracker that learns a file's tensor layout from its chunks, for :meth:`put_chunk`."""
         return LayoutTracker()
 
+    def chunk_key(self, cid: str) -> str:
+        """The key of chunk ``cid``: where this store's format puts it.
+
+        Stores of format 3 keep chunks in 256 directories: on a directory backend the
+        65536 of the earlier two-level layout cost a new directory for most chunks of a new
+        store, and each new directory, like each new file, an inode that ext4 searches for
+        (saving 2 GiB into a new store, seven alternating pairs: 3.4-3.8 s instead of 3.4-4.3 s).
+        """
+        if self.version >= 3:
+            return f"{CHUNK_PREFIX}{cid[:2]}/{cid}"
+        return f"{CHUNK_PREFIX}{cid[:2]}/{cid[2:4]}/{cid}"
+
     def put_chunk(self, data: bytes, regions: list[Region] | None = None) -> ChunkRef:
         """Store ``data`` as a chunk (once per distinct content) and pin it for the caller.
 
@@ -245,7 +244,7 @@ class Store:
                 known = self._present.get(cid)
                 if known is None or not self._still_safe(known[2]):
                     parts, encoded = encode_chunk(data, self.engine, regions, digest)
-                    key = chunk_key(cid, self.version)
+                    key = self.chunk_key(cid)
                     # On a shared backend an existing chunk may be collected by another
                     # mount any moment: store it again, which also renews its age.
                     if self.backend.shared or not self.backend.exists(key):
@@ -279,7 +278,7 @@ class Store:
                                 ref.id, exc)
                     self.disk_cache.discard(ref.id)
         try:
-            blob = self.backend.get(chunk_key(ref.id, self.version), content_addressed=True)
+            blob = self.backend.get(self.chunk_key(ref.id), content_addressed=True)
         except ObjectNotFound:
             raise ChunkCorrupt("chunk object is missing") from None
         except BackendError as exc:
