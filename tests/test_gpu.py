@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from nvfs.codec import Codec, CodecError, CpuEngine, ElementKind, Region, Transform, make_engine
-from nvfs.codec.planes import ITEM_SIZE
+from nvfs.codec.planes import ITEM_SIZE, parse_params
 from nvfs.store.chunk import CHUNK_HASHES, HEADER, ChunkCorrupt, decode_chunk, encode_chunk
 
 pytestmark = pytest.mark.gpu
@@ -150,6 +150,49 @@ def test_ans_round_trip_and_cpu_refuses_it_clearly(gpu_ans):
     assert gpu_ans.decode(encoded, len(data)) == data
     with pytest.raises(CodecError, match="ANS.*GPU engine"):
         CpuEngine().decode(encoded, len(data))
+
+
+def test_ans_frames_of_an_earlier_size_still_decode(gpu_ans, monkeypatch):
+    """ANS chunks written with 128 KiB frames (nvfs before 512 KiB) decode on today's engine."""
+    from nvfs.codec import gpu as gpu_module  # here: importing it needs cupy
+
+    monkeypatch.setattr(gpu_module, "ANS_FRAME_SIZE", 128 << 10)
+    earlier = _engine("ans")
+    try:
+        data = float_bytes(ElementKind.BF16, 3 << 20, seed=6)  # 6 MiB: planes of several frames
+        encoded = earlier.encode(data, [Region(len(data), ElementKind.BF16)])
+    finally:
+        earlier.close()
+    planes = [plane for region in parse_params(encoded.params, len(data), len(encoded.payload))
+              for plane in region.planes if plane.codec == Codec.ANS]
+    assert planes and {plane.frame_size for plane in planes} == {128 << 10}
+    assert len(planes[0].frame_lengths) == 24
+    assert gpu_ans.decode(encoded, len(data)) == data
+
+
+def test_table_uploads_survive_the_ring_wrapping(gpu):
+    """Tables sent through a small pinned ring, many times round, arrive intact and typed."""
+    cp = pytest.importorskip("cupy")
+    from nvfs.codec.device_tables import TableUploads  # here: importing it needs cupy
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    uploads = TableUploads(stream, size=4096)
+    rng = np.random.default_rng(7)
+    sent, received = [], []
+    with stream:
+        for step in range(200):
+            tables = (rng.integers(0, 1 << 40, 1 + step % 37),
+                      rng.integers(0, 1 << 20, (3, 1 + step % 11)).astype(np.int32))
+            sent.append(tables)
+            received.append(uploads.upload(*tables))
+        big = rng.integers(0, 255, 10_000).astype(np.uint8)  # larger than the ring: copied directly
+        (big_device,) = uploads.upload(big)
+    stream.synchronize()
+    for tables, arrays in zip(sent, received, strict=True):
+        for table, array in zip(tables, arrays, strict=True):
+            assert array.dtype == table.dtype and array.shape == table.shape
+            assert np.array_equal(array.get(), table)
+    assert np.array_equal(big_device.get(), big)
 
 
 def test_torch_save_and_load_of_gigabytes_through_a_gpu_mount(gpu, mount_factory):

@@ -32,6 +32,7 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
+from nvfs.codec.device_tables import TableUploads
 from nvfs.codec.frames import BatchPlanes, FramedPlane, Frames, frame_table, pack_batch_params, plane_frames
 from nvfs.codec.gpu_huffman import (
     FRAME_CAPACITY,
@@ -64,6 +65,11 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
     raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
 
 BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
+# ANS frames carry a table each, and nvCOMP's batched call costs host time per frame: on the
+# H200 (.gpu/ansprobe.py, 256 MiB per batch) 512 KiB frames coded bf16 at 1.513x, 134 GB/s and
+# decoded at 187 GB/s, where 128 KiB frames gave 1.502x, 108 and 163 GB/s (fp32: 1.204x, 124,
+# 169 vs 1.199x, 117, 160); 1 MiB frames were slower again (too few to fill the GPU).
+ANS_FRAME_SIZE = 512 << 10
 _COPY_THREADS = min(8, os.cpu_count() or 1)
 _THREADS = 256
 COPY_PIECE = 64 << 10  # bytes one block of the copy kernel moves at most
@@ -347,8 +353,7 @@ class GpuEngine:
             raise CodecError(f"codec {codec!r} is not known (use portable or ans)")
         self.device = device
         self.codec = Codec.ANS if codec == "ans" else Codec.ZSTD_FRAMES
-        # ANS frames carry a larger table each: smaller ones cost ratio and decode no faster.
-        self._frame_size = FRAME_SIZE if codec == "ans" else GPU_FRAME_SIZE
+        self._frame_size = ANS_FRAME_SIZE if codec == "ans" else GPU_FRAME_SIZE
         self._cpu = CpuEngine(level)  # decodes chunks without a transform (whole-chunk zstd or raw)
         self._detector = PlaneCoder(level)
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -454,20 +459,25 @@ class GpuEngine:
         self._split = module.get_function("split_planes")
         self._merge = module.get_function("merge_planes")
         self._copy = module.get_function("copy_segments")
-        self._huffman = HuffmanFrames()
+        self._tables = TableUploads(self._stream)
+        self._huffman = HuffmanFrames(self._tables)
         # Every coder works on our stream, so its work is ordered with our kernels (the arrays'
         # stream alone does not order nvCOMP's output before our next kernel). The coders are
         # freed before the stream (see _dispatch). uncomp_chunk_size: the largest frame a coder
-        # handles (its default is 64 KiB).
+        # handles (its default is 64 KiB): nvCOMP decodes the CPU engine's zstd frames, and
+        # ANS frames of any size up to the one written now.
         common = {"bitstream_kind": nvcomp.BitstreamKind.RAW, "device_id": self.device,
-                  "uncomp_chunk_size": FRAME_SIZE, "cuda_stream": self._stream.ptr}
+                  "cuda_stream": self._stream.ptr}
+        largest = {Codec.ZSTD_FRAMES: FRAME_SIZE, Codec.ANS: ANS_FRAME_SIZE}
         self._coders = {
-            Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", **common),
-            Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", **common),
+            Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", uncomp_chunk_size=FRAME_SIZE, **common),
+            Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", uncomp_chunk_size=ANS_FRAME_SIZE,
+                                    **common),
         }
-        frame = nvcomp.as_array(cp.empty(FRAME_SIZE, dtype=cp.uint8))
-        self._capacity = {codec: aligned(coder.get_max_comp_buffer_size(frame))
-                          for codec, coder in self._coders.items()}
+        self._capacity = {}  # bytes a coded frame may take, at most
+        for codec, coder in self._coders.items():
+            frame = nvcomp.as_array(cp.empty(largest[codec], dtype=cp.uint8))
+            self._capacity[codec] = aligned(coder.get_max_comp_buffer_size(frame))
         self._pinned = np.empty(0, dtype=np.uint8)
         warm_up = np.zeros(1 << 20, dtype=np.uint8).tobytes()  # compiles the kernels, sizes the pools
         self.encode_batch([(warm_up, [Region(len(warm_up), ElementKind.BF16)])])
@@ -478,7 +488,7 @@ class GpuEngine:
         """Encode chunks (data, regions covering it) together; returns one :class:`Encoded` each."""
         buffers = [memoryview(data) for data, _ in items]
         with self._stream:
-            layout = _layout([regions for _, regions in items])  # its small copy goes before the large one
+            layout = _layout([regions for _, regions in items], self._tables)
             device = self._upload(buffers, reserve=sum(len(buffer) for buffer in buffers))
             params, payload, offsets = self._encode_on_stream(device, layout)
             host = self._download(payload)
@@ -495,7 +505,7 @@ class GpuEngine:
         and the payload offsets (one more than there are chunks).
         """
         with self._stream:
-            return self._encode_on_stream(data, _layout(regions))
+            return self._encode_on_stream(data, _layout(regions, self._tables))
 
     def _encode_on_stream(self, data: cp.ndarray, layout: _Layout
                           ) -> tuple[list[bytes], cp.ndarray, list[int]]:
@@ -512,7 +522,7 @@ class GpuEngine:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
         tables = [parse_params(encoded.params, raw, len(encoded.payload)) for encoded, raw in items]
         with self._stream:
-            layout = _table_layout(tables)  # its small copy goes before the large one
+            layout = _table_layout(tables, self._tables)
             payload = self._upload([memoryview(encoded.payload) for encoded, _ in items],
                                    reserve=sum(raw for _, raw in items))
             payload_offsets = np.cumsum([0] + [len(encoded.payload) for encoded, _ in items]).tolist()
@@ -524,7 +534,8 @@ class GpuEngine:
                       tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
         """Decode chunks whose payloads lie back to back in device memory; returns their bytes."""
         with self._stream:
-            return self._decode_on_stream(payload, payload_offsets, tables, _table_layout(tables))
+            layout = _table_layout(tables, self._tables)
+            return self._decode_on_stream(payload, payload_offsets, tables, layout)
 
     def _decode_on_stream(self, payload: cp.ndarray, payload_offsets: Sequence[int],
                           tables: Sequence[Sequence[RegionEntry]], layout: _Layout) -> cp.ndarray:
@@ -749,7 +760,8 @@ class GpuEngine:
             return
         table = _copy_pieces(np.asarray(segments, dtype=np.int64).reshape(-1, 3))
         pieces = table.shape[1]
-        self._copy((pieces,), (_THREADS,), (source, target, cp.asarray(table.reshape(-1)), np.int32(pieces)))
+        (device_table,) = self._tables.upload(table)
+        self._copy((pieces,), (_THREADS,), (source, target, device_table, np.int32(pieces)))
 
 
 def _copy_pieces(segments: np.ndarray) -> np.ndarray:
@@ -770,7 +782,7 @@ def _request_bytes(request: tuple) -> int:
     return len(item[0]) if kind == "encode" else item[1]
 
 
-def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
+def _layout(regions: Sequence[Sequence[Region]], tables: TableUploads) -> _Layout:
     """Kernel tables for chunks placed back to back, in the order given.
 
     Each plane starts at a multiple of ``gpu_huffman.ALIGN`` in the plane buffer, so every frame that
@@ -791,13 +803,13 @@ def _layout(regions: Sequence[Sequence[Region]]) -> _Layout:
             base += region.length
             plane_base += size * stride
         per_chunk.append(placed)
-    table = cp.asarray(np.array(columns, dtype=np.int64))  # one row per column, one copy
+    (table,) = tables.upload(np.array(columns, dtype=np.int64))  # one row per column, one copy
     return _Layout(tuple(table), values, plane_base, per_chunk)
 
 
-def _table_layout(tables: Sequence[Sequence[RegionEntry]]) -> _Layout:
+def _table_layout(chunk_tables: Sequence[Sequence[RegionEntry]], tables: TableUploads) -> _Layout:
     """:func:`_layout` of chunks described by their parameter tables."""
-    return _layout([[Region(entry.length, entry.kind) for entry in table] for table in tables])
+    return _layout([[Region(entry.length, entry.kind) for entry in table] for table in chunk_tables], tables)
 
 
 def batch_sizes(batch) -> list[int]:

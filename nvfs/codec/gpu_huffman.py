@@ -18,6 +18,7 @@ from importlib import resources
 import cupy as cp
 import numpy as np
 
+from nvfs.codec.device_tables import TableUploads
 from nvfs.codec.frames import Frames
 
 _THREADS = 256
@@ -55,7 +56,8 @@ class Counts:
 class HuffmanFrames:
     """The kernels of ``zstd_huffman.cu``, run on the caller's CUDA stream; nothing is waited for."""
 
-    def __init__(self) -> None:
+    def __init__(self, tables: TableUploads) -> None:
+        self._tables = tables  # on the caller's stream
         source = resources.files("nvfs.codec").joinpath("zstd_huffman.cu").read_text()
         module = cp.RawModule(code=source)
         self._histograms = module.get_function("frame_histograms")
@@ -70,11 +72,11 @@ class HuffmanFrames:
         counts = Counts(cp.empty((len(frames.start), 256), dtype=cp.uint32),
                         cp.empty((plane_count, 256), dtype=cp.uint32),
                         cp.empty(plane_count, dtype=cp.float32))
+        start, size, plane_bounds = self._tables.upload(frames.start, frames.size.astype(np.int32), bounds)
         if len(frames.start):
-            start, size = cp.asarray(frames.start), cp.asarray(frames.size, dtype=cp.int32)
             self._histograms((len(frames.start),), (_THREADS,), (planes, start, size, counts.frames))
         self._plane_counts((plane_count,), (256,),
-                           (counts.frames, cp.asarray(bounds), counts.planes, counts.entropy))
+                           (counts.frames, plane_bounds, counts.planes, counts.entropy))
         return counts
 
     def encode(self, planes: cp.ndarray, frames: Frames, frame_index: np.ndarray, counts: Counts,
@@ -88,15 +90,15 @@ class HuffmanFrames:
         table = cp.empty((tables, 256), dtype=cp.uint32)
         descriptions = cp.empty((tables, _DESCRIPTION_STRIDE), dtype=cp.uint8)
         description_length = cp.empty(tables, dtype=cp.int32)
+        chosen_planes, start, size, index, frame_table = self._tables.upload(
+            chosen.astype(np.int32), frames.start, frames.size.astype(np.int32), frame_index.astype(np.int64),
+            np.searchsorted(chosen, frames.plane).astype(np.int32))
         self._build((-(-tables // _TABLE_THREADS),), (_TABLE_THREADS,),
-                    (counts.planes, cp.asarray(chosen.astype(np.int32)), np.int32(tables), table,
-                     descriptions, description_length))
+                    (counts.planes, chosen_planes, np.int32(tables), table, descriptions, description_length))
         out = cp.empty(count * FRAME_CAPACITY, dtype=cp.uint8)
         frame_length = cp.empty(count, dtype=cp.uint32)
-        frame_table = cp.asarray(np.searchsorted(chosen, frames.plane).astype(np.int32))
         self._encode((count,), (4 * _LANES,),
-                     (planes, cp.asarray(frames.start), cp.asarray(frames.size, dtype=cp.int32),
-                      cp.asarray(frame_index.astype(np.int64)), counts.frames, frame_table, table,
+                     (planes, start, size, index, counts.frames, frame_table, table,
                       descriptions, description_length, out, np.int64(FRAME_CAPACITY), frame_length))
         return out, frame_length
 
@@ -110,7 +112,8 @@ class HuffmanFrames:
         """
         status = cp.empty(len(start), dtype=cp.int32)
         blocks = -(-len(start) // _DECODE_SLOTS)
+        tables = self._tables.upload(start.astype(np.int64), length.astype(np.int32), target.astype(np.int64),
+                                     size.astype(np.int32))
         self._decode((blocks,), (4 * _DECODE_SLOTS,),
-                     (frames, cp.asarray(start), cp.asarray(length.astype(np.int32)), out, cp.asarray(target),
-                      cp.asarray(size.astype(np.int32)), status, np.int32(len(start))))
+                     (frames, tables[0], tables[1], out, tables[2], tables[3], status, np.int32(len(start))))
         return status
