@@ -136,13 +136,8 @@ def _parse_plane(params: bytes, cursor: int, plane_length: int) -> tuple[PlaneEn
 def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
     """Split whole values into byte planes, most significant (exponent) plane first.
 
-    Plane ``p`` is byte ``size - 1 - p`` of the value rotated left by one bit. Byte ``k >= 1``
-    of the rotated value is bits ``8k - 1`` to ``8k + 6`` of the value itself: one shift, whose
-    result numpy narrows to bytes as it stores it (``out=`` a byte array), cuts such a plane
-    out of the values, with no rotated copy made first. Byte 0 is the value's low seven bits
-    and then its sign: two such shifts and an or. Few numpy calls matter too: in the daemon
-    each one gives up and takes back the GIL, which costs more than the pass when the FUSE
-    thread is busy. (4 MiB of bf16: 0.40 ms, 0.49 ms rotating first; fp32 0.61 vs 0.72 ms.)
+    Plane ``p`` is byte ``size - 1 - p`` of the value rotated left by one bit (see
+    :func:`cut_plane`).
     """
     size = ITEM_SIZE[kind]
     raw = np.frombuffer(data, dtype=np.uint8)
@@ -150,13 +145,30 @@ def to_planes(data: memoryview, kind: ElementKind) -> list[np.ndarray]:
         return [raw]
     values = raw.view(_UINT[size])
     planes = [np.empty(len(values), dtype=np.uint8) for _ in range(size)]
-    for index in range(size - 1):
-        np.right_shift(values, 8 * (size - 1 - index) - 1, out=planes[index], casting="unsafe")
-    last, sign = planes[-1], np.empty(len(values), dtype=np.uint8)
-    np.left_shift(values, 1, out=last, casting="unsafe")
-    np.right_shift(values, 8 * size - 1, out=sign, casting="unsafe")
-    last |= sign
+    for index, plane in enumerate(planes):
+        cut_plane(values, index, plane)
     return planes
+
+
+def cut_plane(values: np.ndarray, index: int, out: np.ndarray) -> None:
+    """Write plane ``index`` of ``values`` (unsigned integers of 2 to 8 bytes) into ``out``.
+
+    Byte ``k >= 1`` of the rotated value is bits ``8k - 1`` to ``8k + 6`` of the value itself:
+    one shift, whose result numpy narrows to bytes as it stores it (``out=`` a byte array),
+    cuts such a plane out of the values, with no rotated copy made first. Byte 0 is the
+    value's low seven bits and then its sign: two such shifts and an or. Few numpy calls
+    matter too: in the daemon each one gives up and takes back the GIL, which costs more than
+    the pass when the FUSE thread is busy. (4 MiB of bf16: 0.40 ms, 0.49 ms rotating first;
+    fp32 0.61 vs 0.72 ms.)
+    """
+    size = values.itemsize
+    if index < size - 1:
+        np.right_shift(values, 8 * (size - 1 - index) - 1, out=out, casting="unsafe")
+        return
+    sign = np.empty(len(values), dtype=np.uint8)
+    np.left_shift(values, 1, out=out, casting="unsafe")
+    np.right_shift(values, 8 * size - 1, out=sign, casting="unsafe")
+    out |= sign
 
 
 def from_planes(planes: Sequence[bytes | memoryview | np.ndarray], kind: ElementKind,
@@ -224,8 +236,8 @@ class PlaneCoder:
     def compress_float_plane(self, plane: np.ndarray) -> tuple[PlaneEntry, bytes | memoryview]:
         """Frames of :data:`FRAME_SIZE` bytes with the float-plane parameters, or raw.
 
-        A raw plane comes back as a view of ``plane`` (a fresh array the caller owns): the
-        payload is joined from it, and a copy here would be a second one.
+        A raw plane comes back as a view of ``plane``, which the caller cut into its payload
+        buffer: it is where it belongs already.
         """
         view = memoryview(plane).cast("B")
         if len(view) >= 4 * RAW_TEST_SAMPLE and looks_random(plane):
@@ -310,31 +322,42 @@ def check_regions(data_length: int, regions: Sequence[Region]) -> None:
             raise CodecError(f"region of {region.length} bytes is not whole {region.kind.name} values")
 
 
-def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) -> tuple[bytes, bytes]:
-    """Code ``data`` region by region on the CPU; returns (params, payload)."""
+def encode_regions(data: bytes, regions: Sequence[Region], coder: PlaneCoder) -> tuple[bytes, memoryview]:
+    """Code ``data`` region by region on the CPU; returns (params, payload).
+
+    Planes are cut straight into the payload buffer, where a plane stored raw (most mantissa
+    planes) stays: no plane is copied again to join the payload. A stored plane is never
+    longer than the plane, so the payload fits in as many bytes as the data.
+    """
     check_regions(len(data), regions)
     entries: list[RegionEntry] = []
-    payload: list[bytes | memoryview] = []
+    payload = np.empty(len(data), dtype=np.uint8)
     view = memoryview(data)
-    offset = 0
+    offset, cursor = 0, 0
     for region in regions:
-        planes = []
         region_bytes = view[offset : offset + region.length]
         if region.kind == ElementKind.BYTES:
             codec, packed = coder.compress_bytes(region_bytes)
-            planes.append(PlaneEntry(codec, len(packed)))
-            payload.append(packed)
+            planes = [PlaneEntry(codec, len(packed))]
+            payload[cursor : cursor + len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+            cursor += len(packed)
         else:
-            for plane in to_planes(region_bytes, region.kind):
+            values = np.frombuffer(region_bytes, dtype=np.uint8).view(_UINT[ITEM_SIZE[region.kind]])
+            planes = []
+            for index in range(ITEM_SIZE[region.kind]):
+                plane = payload[cursor : cursor + len(values)]
+                cut_plane(values, index, plane)
                 entry, packed = coder.compress_float_plane(plane)
+                if entry.codec != Codec.RAW:  # frames made from the plane replace it
+                    payload[cursor : cursor + entry.stored] = np.frombuffer(packed, dtype=np.uint8)
                 planes.append(entry)
-                payload.append(packed)
+                cursor += entry.stored
         entries.append(RegionEntry(region.kind, region.length, tuple(planes)))
         offset += region.length
-    return pack_params(entries), b"".join(payload)
+    return pack_params(entries), memoryview(payload)[:cursor]
 
 
-def planes_or_raw(data: bytes, params: bytes, payload: bytes, codec: Codec) -> Encoded:
+def planes_or_raw(data: bytes, params: bytes, payload: bytes | memoryview, codec: Codec) -> Encoded:
     """A chunk coded as planes, or stored raw where the planes (with their table) are no smaller."""
     if len(params) + len(payload) >= len(data):
         return Encoded(Codec.RAW, Transform.NONE, b"", bytes(data))
