@@ -20,7 +20,9 @@ Rows, for each dtype, all in one run:
 
 Columns: compression ratio (chunk headers and parameters counted for nvfs), the fraction of
 the order-0 entropy bound of the byte planes, and GB/s of logical bytes (1 GB = 1e9 B):
-``dev`` with data already in GPU memory (compress: device in, device out; decompress likewise),
+``dev`` with data already in GPU memory (compress: device in, device out; decompress likewise;
+nvfs: ``encode_device_batches``/``decode_device_batches``, batches of ``BATCH_BYTES`` handed over
+together, so that the host prepares one while the GPU works on another),
 ``host`` from host memory to host memory (nvfs: the engine's ``encode_batch``/``decode_batch``,
 the path the mount uses, pinned staging copies included). Every decode is checked bit-exact.
 """
@@ -116,8 +118,8 @@ def bench_engine(engine: GpuEngine, data: cp.ndarray, kind: ElementKind, label: 
     batches = [(start, min(start + per_batch, chunks)) for start in range(0, chunks, per_batch)]
 
     def compress_dev():
-        return [engine.encode_device(data[a * CHUNK : b * CHUNK], [[Region(CHUNK, kind)]] * (b - a))
-                for a, b in batches]
+        return engine.encode_device_batches([(data[a * CHUNK : b * CHUNK], [[Region(CHUNK, kind)]] * (b - a))
+                                             for a, b in batches])
 
     comp_s, encoded = timed(compress_dev)
     stored = HEADER * chunks + sum(len(p) for params, _, _ in encoded for p in params)
@@ -126,8 +128,8 @@ def bench_engine(engine: GpuEngine, data: cp.ndarray, kind: ElementKind, label: 
               for params, _, offsets in encoded]
 
     def decompress_dev():
-        return [engine.decode_device(out, offsets, table)
-                for (_, out, offsets), table in zip(encoded, tables, strict=True)]
+        return engine.decode_device_batches(
+            [(out, offsets, table) for (_, out, offsets), table in zip(encoded, tables, strict=True)])
 
     decomp_s, decoded = timed(decompress_dev)
     assert all(cp.array_equal(part, data[a * CHUNK : b * CHUNK]) for part, (a, b) in zip(decoded, batches,

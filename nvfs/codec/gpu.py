@@ -39,6 +39,7 @@ from nvfs.codec.gpu_huffman import (
     FRAME_DAMAGED,
     FRAME_DECODED,
     GPU_FRAME_SIZE,
+    Counts,
     HuffmanFrames,
     aligned,
 )
@@ -65,6 +66,10 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
     raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
 
 BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
+# Chunks encoded in device memory: their transform parameters, payloads back to back, payload offsets.
+DeviceEncoded = tuple[list[bytes], cp.ndarray, list[int]]
+# Chunks to decode in device memory: payloads back to back, payload offsets, parameter tables.
+DeviceBatch = tuple[cp.ndarray, Sequence[int], Sequence[Sequence[RegionEntry]]]
 # ANS frames carry a table each, and nvCOMP's batched call costs host time per frame: on the
 # H200 (.gpu/ansprobe.py, 256 MiB per batch) 512 KiB frames coded bf16 at 1.513x, 134 GB/s and
 # decoded at 187 GB/s, where 128 KiB frames gave 1.502x, 108 and 163 GB/s (fp32: 1.204x, 124,
@@ -310,6 +315,33 @@ class _NvcompDecode:
         return False
 
 
+@dataclass
+class _SplitBatch:
+    """A batch to encode whose planes are split and counted on the stream (maybe not yet done).
+
+    ``entropy`` (pinned host memory) holds each plane's entropy once ``counted`` has happened.
+    """
+
+    layout: _Layout
+    planes_buffer: cp.ndarray
+    planes: np.ndarray  # rows: plane buffer offset, length
+    frames: Frames
+    bounds: np.ndarray
+    counts: Counts | None
+    entropy: np.ndarray
+    counted: cp.cuda.Event
+
+
+@dataclass
+class _QueuedDecode:
+    """A batch whose decoding is queued: its output, and the checks to run once the stream is done."""
+
+    out: cp.ndarray
+    planes_buffer: cp.ndarray
+    layout: _Layout
+    checks: list[Callable[[], bool]]
+
+
 @dataclass(frozen=True)
 class _Placed:
     """A region of a batch: where its bytes lie in the data and its planes in the plane buffer."""
@@ -456,7 +488,7 @@ class GpuEngine:
         self._stream = cp.cuda.Stream(non_blocking=True)
         self._done = cp.cuda.Event(block=True, disable_timing=True)  # see _wait
         module = cp.RawModule(code=_KERNELS)
-        self._split = module.get_function("split_planes")
+        self._split_kernel = module.get_function("split_planes")
         self._merge = module.get_function("merge_planes")
         self._copy = module.get_function("copy_segments")
         self._tables = TableUploads(self._stream)
@@ -488,57 +520,87 @@ class GpuEngine:
         """Encode chunks (data, regions covering it) together; returns one :class:`Encoded` each."""
         buffers = [memoryview(data) for data, _ in items]
         with self._stream:
-            layout = _layout([regions for _, regions in items], self._tables)
             device = self._upload(buffers, reserve=sum(len(buffer) for buffer in buffers))
-            params, payload, offsets = self._encode_on_stream(device, layout)
+            split = self._split(device, [regions for _, regions in items])
+            params, payload, offsets = self._finish_encode(split)
             host = self._download(payload)
         chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
         payloads = self._copy_out(host, offsets)
         return [planes_or_raw(data, chunk_params, payload, chunk_codec)
                 for (data, _), chunk_params, payload in zip(items, params, payloads, strict=True)]
 
-    def encode_device(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]
-                      ) -> tuple[list[bytes], cp.ndarray, list[int]]:
+    def encode_device(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]) -> DeviceEncoded:
         """Encode chunks lying back to back in device memory (uint8).
 
         Returns each chunk's transform parameters, the payloads back to back in device memory,
         and the payload offsets (one more than there are chunks).
         """
-        with self._stream:
-            return self._encode_on_stream(data, _layout(regions, self._tables))
+        return self.encode_device_batches([(data, regions)])[0]
 
-    def _encode_on_stream(self, data: cp.ndarray, layout: _Layout
-                          ) -> tuple[list[bytes], cp.ndarray, list[int]]:
+    def encode_device_batches(self, batches: Sequence[tuple[cp.ndarray, Sequence[Sequence[Region]]]]
+                              ) -> list[DeviceEncoded]:
+        """:meth:`encode_device` of several batches, each split and counted on the GPU while the
+        host finishes the one before (a batch's host work is most of its time)."""
+        results = []
+        with self._stream:
+            ahead = self._split(*batches[0]) if batches else None
+            for index in range(len(batches)):
+                current = ahead
+                ahead = self._split(*batches[index + 1]) if index + 1 < len(batches) else None
+                results.append(self._finish_encode(current))
+        return results
+
+    def _split(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]) -> _SplitBatch:
+        """Queue the plane split of a batch and the byte counts of its frames."""
+        layout = _layout(regions, self._tables)
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
-        self._launch(self._split, data, planes_buffer, layout)
+        self._launch(self._split_kernel, data, planes_buffer, layout)
         planes = np.array([(placed.plane_start(index), placed.plane_length)
                            for chunk_regions in layout.regions for placed in chunk_regions
                            for index in range(ITEM_SIZE[placed.kind])], dtype=np.int64).reshape(-1, 2)
         frames, bounds = plane_frames(planes, self._frame_size)
-        coded = self._code(planes_buffer, planes[:, 1], frames, bounds)
-        return self._assemble(planes_buffer, layout, planes, bounds, coded)
+        counts = self._huffman.count(planes_buffer, frames, bounds) if len(frames.start) else None
+        entropy = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * len(planes) or 4), dtype=np.float32)
+        if counts is not None:
+            counts.entropy.get(stream=self._stream, out=entropy[: len(planes)], blocking=False)
+        counted = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
+        counted.record(self._stream)
+        return _SplitBatch(layout, planes_buffer, planes, frames, bounds, counts, entropy[: len(planes)],
+                           counted)
+
+    def _finish_encode(self, batch: _SplitBatch) -> DeviceEncoded:
+        coded = self._code(batch)
+        return self._assemble(batch.planes_buffer, batch.layout, batch.planes, batch.bounds, coded)
 
     def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[memoryview]:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
         tables = [parse_params(encoded.params, raw, len(encoded.payload)) for encoded, raw in items]
         with self._stream:
-            layout = _table_layout(tables, self._tables)
             payload = self._upload([memoryview(encoded.payload) for encoded, _ in items],
                                    reserve=sum(raw for _, raw in items))
             payload_offsets = np.cumsum([0] + [len(encoded.payload) for encoded, _ in items]).tolist()
-            out = self._decode_on_stream(payload, payload_offsets, tables, layout)
+            (out,) = self._finish_decodes([self._queue_decode(payload, payload_offsets, tables)])
             host = self._download(out)
         return self._copy_out(host, np.cumsum([0] + [raw for _, raw in items]).tolist())
 
     def decode_device(self, payload: cp.ndarray, payload_offsets: Sequence[int],
                       tables: Sequence[Sequence[RegionEntry]]) -> cp.ndarray:
         """Decode chunks whose payloads lie back to back in device memory; returns their bytes."""
-        with self._stream:
-            layout = _table_layout(tables, self._tables)
-            return self._decode_on_stream(payload, payload_offsets, tables, layout)
+        return self.decode_device_batches([(payload, payload_offsets, tables)])[0]
 
-    def _decode_on_stream(self, payload: cp.ndarray, payload_offsets: Sequence[int],
-                          tables: Sequence[Sequence[RegionEntry]], layout: _Layout) -> cp.ndarray:
+    def decode_device_batches(self, batches: Sequence[DeviceBatch]) -> list[cp.ndarray]:
+        """:meth:`decode_device` of several batches, with one wait for all of them: the host
+        lays out each batch while the GPU still decodes the ones before."""
+        with self._stream:
+            return self._finish_decodes([self._queue_decode(*batch) for batch in batches])
+
+    def _queue_decode(self, payload: cp.ndarray, payload_offsets: Sequence[int],
+                      tables: Sequence[Sequence[RegionEntry]]) -> _QueuedDecode:
+        """Queue the decoding of a batch: the frames, then the merge of the planes into values.
+
+        The merge is queued before any frame's status is known (see :meth:`_finish_decodes`).
+        """
+        layout = _table_layout(tables, self._tables)
         total = sum(entry.length for table in tables for entry in table)
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         raw_segments: list[tuple[int, int, int]] = []
@@ -563,13 +625,18 @@ class GpuEngine:
                   for codec, planes in framed.items()]
         out = cp.empty(total, dtype=cp.uint8)
         self._launch(self._merge, planes_buffer, out, layout)
-        if checks:
-            # One wait for the batch: the merge is queued before any frame's status is known,
-            # and queued again in the rare batch where some frames needed nvCOMP after all.
+        return _QueuedDecode(out, planes_buffer, layout, checks)
+
+    def _finish_decodes(self, queued: Sequence[_QueuedDecode]) -> list[cp.ndarray]:
+        """Wait for the stream (once, if any frames need checking) and check queued batches;
+        returns their outputs, complete once the stream is done again: the merge is queued
+        again in the rare batch where some frames needed nvCOMP after all."""
+        if any(decode.checks for decode in queued):
             self._wait()
-            if any([check() for check in checks]):
-                self._launch(self._merge, planes_buffer, out, layout)
-        return out
+        for decode in queued:
+            if any([check() for check in decode.checks]):
+                self._launch(self._merge, decode.planes_buffer, decode.out, decode.layout)
+        return [decode.out for decode in queued]
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -632,31 +699,29 @@ class GpuEngine:
         regions = np.int32(len(layout.tables[0]))
         kernel((blocks,), (_THREADS,), (source, target, *layout.tables, regions, np.int64(layout.values)))
 
-    def _code(self, planes_buffer: cp.ndarray, lengths: np.ndarray, frames: Frames,
-              bounds: np.ndarray) -> _Coded:
-        """Code the frames of planes worth coding, in one launch; wait for the planes' byte
-        counts first and for the coded lengths at the end.
+    def _code(self, batch: _SplitBatch) -> _Coded:
+        """Code the frames of planes worth coding, in one launch, once the planes' byte counts
+        are in; wait for the coded lengths.
 
         Near-random planes are stored raw (the CPU engine's entropy test, on whole planes here,
         from byte counts that the Huffman tables need anyway): coding them only costs time.
         """
+        frames, bounds, lengths = batch.frames, batch.bounds, batch.planes[:, 1]
         count = len(frames.start)
         coded = _Coded(None, np.zeros(count, dtype=bool), np.zeros(count, dtype=np.int64),
                        np.zeros(count, dtype=np.int64))
-        if not count:
+        if batch.counts is None:
             return coded
-        counts = self._huffman.count(planes_buffer, frames, bounds)
-        self._wait()
-        entropy = counts.entropy.get()
-        worth = (np.diff(bounds) > 0) & ((lengths < 4 * RAW_TEST_SAMPLE) | (entropy <= RANDOM_BITS))
+        batch.counted.synchronize()
+        worth = (np.diff(bounds) > 0) & ((lengths < 4 * RAW_TEST_SAMPLE) | (batch.entropy <= RANDOM_BITS))
         chosen = np.flatnonzero(worth[frames.plane])
         if not len(chosen):
             return coded
         if self.codec == Codec.ANS:
-            job = self._nvcomp_job(Codec.ANS, planes_buffer, frames.subset(chosen))
+            job = self._nvcomp_job(Codec.ANS, batch.planes_buffer, frames.subset(chosen))
         else:
-            output, sizes = self._huffman.encode(planes_buffer, frames.subset(chosen), chosen, counts,
-                                                 np.flatnonzero(worth))
+            output, sizes = self._huffman.encode(batch.planes_buffer, frames.subset(chosen), chosen,
+                                                 batch.counts, np.flatnonzero(worth))
             job = _Job(output, FRAME_CAPACITY, sizes.get)
         coded.output = job.output
         coded.coded[chosen] = True
@@ -677,7 +742,7 @@ class GpuEngine:
         return _Job(output, capacity, lambda: batch_sizes(batch))
 
     def _assemble(self, planes_buffer: cp.ndarray, layout: _Layout, planes: np.ndarray, bounds: np.ndarray,
-                  coded: _Coded) -> tuple[list[bytes], cp.ndarray, list[int]]:
+                  coded: _Coded) -> DeviceEncoded:
         """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer.
 
         A plane keeps its coded frames where they are smaller than the plane, else it is stored
