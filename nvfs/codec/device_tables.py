@@ -27,7 +27,8 @@ class TableUploads:
         self._stream = stream
         self._ring = np.frombuffer(cp.cuda.alloc_pinned_memory(size), dtype=np.uint8)
         self._position = 0
-        self._latest: cp.cuda.Event | None = None
+        self._latest = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
+        self._latest.record(stream)  # recorded again after every copy: the latest is all that counts
 
     def upload(self, *tables: np.ndarray) -> list[cp.ndarray]:
         """Device copies of ``tables``, queued on the stream; the host does not wait."""
@@ -37,8 +38,7 @@ class TableUploads:
         if total == 0 or total > len(self._ring):
             return [cp.asarray(table) for table in tables]
         if self._position + total > len(self._ring):
-            if self._latest is not None:
-                self._latest.synchronize()
+            self._latest.synchronize()
             self._position = 0
         packed = self._ring[self._position : self._position + total]
         self._position += total
@@ -46,8 +46,8 @@ class TableUploads:
         arrays = []
         for table, start in zip(tables, starts.tolist(), strict=False):
             packed[start : start + table.nbytes] = table.reshape(-1).view(np.uint8)
-            arrays.append(device[start : start + table.nbytes].view(table.dtype).reshape(table.shape))
+            array = device[start : start + table.nbytes].view(table.dtype)
+            arrays.append(array if table.ndim == 1 else array.reshape(table.shape))
         device.set(packed, stream=self._stream)
-        self._latest = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
         self._latest.record(self._stream)
         return arrays

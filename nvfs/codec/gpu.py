@@ -66,6 +66,9 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
     raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
 
 BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
+_ITEM_SIZES = np.zeros(max(int(kind) for kind in ITEM_SIZE) + 1, dtype=np.int64)  # by ElementKind value
+for _kind, _size in ITEM_SIZE.items():
+    _ITEM_SIZES[int(_kind)] = _size
 # Chunks encoded in device memory: their transform parameters, payloads back to back, payload offsets.
 DeviceEncoded = tuple[list[bytes], cp.ndarray, list[int]]
 # Chunks to decode in device memory: payloads back to back, payload offsets, parameter tables.
@@ -290,9 +293,10 @@ class _Coded:
 
 @dataclass
 class _Job:
-    """Frames handed to one coder: its output (frame ``i`` at ``i * capacity``) and, once the
-    GPU is done, each frame's coded length."""
+    """Frames handed to one coder (``chosen``, of the batch's frames): its output (the ``i``-th
+    at ``i * capacity``) and, once the GPU is done, each frame's coded length."""
 
+    chosen: np.ndarray
     output: cp.ndarray
     capacity: int
     lengths: Callable[[], Sequence[int]]
@@ -317,19 +321,20 @@ class _NvcompDecode:
 
 @dataclass
 class _SplitBatch:
-    """A batch to encode whose planes are split and counted on the stream (maybe not yet done).
+    """A batch to encode: laid out on the host, then split into planes and counted on the GPU.
 
     ``entropy`` (pinned host memory) holds each plane's entropy once ``counted`` has happened.
     """
 
+    data: cp.ndarray
     layout: _Layout
     planes_buffer: cp.ndarray
     planes: np.ndarray  # rows: plane buffer offset, length
     frames: Frames
     bounds: np.ndarray
-    counts: Counts | None
     entropy: np.ndarray
-    counted: cp.cuda.Event
+    counts: Counts | None = None
+    counted: cp.cuda.Event | None = None
 
 
 @dataclass
@@ -342,32 +347,24 @@ class _QueuedDecode:
     checks: list[Callable[[], bool]]
 
 
-@dataclass(frozen=True)
-class _Placed:
-    """A region of a batch: where its bytes lie in the data and its planes in the plane buffer."""
-
-    kind: ElementKind
-    offset: int
-    length: int
-    plane_offset: int
-    stride: int  # plane p starts at plane_offset + p * stride
-
-    def plane_start(self, index: int) -> int:
-        return self.plane_offset + index * self.stride
-
-    @property
-    def plane_length(self) -> int:
-        return self.length // ITEM_SIZE[self.kind]
-
-
 @dataclass
 class _Layout:
-    """A batch's regions as kernel tables, plus each chunk's placed regions in order."""
+    """A batch's regions, chunk by chunk, as kernel tables and as host columns.
+
+    Planes are listed region by region (the order of the parameter tables), each region's
+    planes most significant first.
+    """
 
     tables: tuple  # device rows (int64): first value, data offset, plane offset, stride, value size
     values: int
     plane_bytes: int
-    regions: list[list[_Placed]]
+    chunks: int
+    region_chunk: np.ndarray
+    region_kind: np.ndarray
+    region_length: np.ndarray
+    plane_start: np.ndarray  # where each plane starts in the plane buffer
+    plane_length: np.ndarray
+    plane_chunk: np.ndarray
 
 
 class GpuEngine:
@@ -521,8 +518,8 @@ class GpuEngine:
         buffers = [memoryview(data) for data, _ in items]
         with self._stream:
             device = self._upload(buffers, reserve=sum(len(buffer) for buffer in buffers))
-            split = self._split(device, [regions for _, regions in items])
-            params, payload, offsets = self._finish_encode(split)
+            regions = [chunk_regions for _, chunk_regions in items]
+            ((params, payload, offsets),) = self.encode_device_batches([(device, regions)])
             host = self._download(payload)
         chunk_codec = Codec.ANS if self.codec == Codec.ANS else Codec.ZSTD
         payloads = self._copy_out(host, offsets)
@@ -539,38 +536,41 @@ class GpuEngine:
 
     def encode_device_batches(self, batches: Sequence[tuple[cp.ndarray, Sequence[Sequence[Region]]]]
                               ) -> list[DeviceEncoded]:
-        """:meth:`encode_device` of several batches, each split and counted on the GPU while the
-        host finishes the one before (a batch's host work is most of its time)."""
+        """:meth:`encode_device` of several batches, the host's work on one overlapping the GPU's
+        on another: most of a batch's time is host work."""
         results = []
         with self._stream:
-            ahead = self._split(*batches[0]) if batches else None
+            following = self._prepare(*batches[0]) if batches else None
+            if following is not None:
+                self._split(following)
             for index in range(len(batches)):
-                current = ahead
-                ahead = self._split(*batches[index + 1]) if index + 1 < len(batches) else None
-                results.append(self._finish_encode(current))
+                current, following = following, None
+                job = self._launch_code(current)  # the GPU codes this batch ...
+                if index + 1 < len(batches):
+                    following = self._prepare(*batches[index + 1])  # ... while the host lays out the next
+                coded = self._collect_code(current, job)
+                if following is not None:
+                    self._split(following)  # the GPU splits the next batch ...
+                results.append(self._assemble(current, coded))  # ... while the host assembles this one
         return results
 
-    def _split(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]) -> _SplitBatch:
-        """Queue the plane split of a batch and the byte counts of its frames."""
+    def _prepare(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]) -> _SplitBatch:
+        """Lay out a batch: its kernel tables, its planes and their frames."""
         layout = _layout(regions, self._tables)
-        planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
-        self._launch(self._split_kernel, data, planes_buffer, layout)
-        planes = np.array([(placed.plane_start(index), placed.plane_length)
-                           for chunk_regions in layout.regions for placed in chunk_regions
-                           for index in range(ITEM_SIZE[placed.kind])], dtype=np.int64).reshape(-1, 2)
+        planes = np.stack((layout.plane_start, layout.plane_length), axis=1)
         frames, bounds = plane_frames(planes, self._frame_size)
-        counts = self._huffman.count(planes_buffer, frames, bounds) if len(frames.start) else None
         entropy = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * len(planes) or 4), dtype=np.float32)
-        if counts is not None:
-            counts.entropy.get(stream=self._stream, out=entropy[: len(planes)], blocking=False)
-        counted = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
-        counted.record(self._stream)
-        return _SplitBatch(layout, planes_buffer, planes, frames, bounds, counts, entropy[: len(planes)],
-                           counted)
+        return _SplitBatch(data, layout, cp.empty(layout.plane_bytes, dtype=cp.uint8), planes, frames, bounds,
+                           entropy[: len(planes)])
 
-    def _finish_encode(self, batch: _SplitBatch) -> DeviceEncoded:
-        coded = self._code(batch)
-        return self._assemble(batch.planes_buffer, batch.layout, batch.planes, batch.bounds, coded)
+    def _split(self, batch: _SplitBatch) -> None:
+        """Queue the plane split of a batch and the byte counts of its frames and planes."""
+        self._launch(self._split_kernel, batch.data, batch.planes_buffer, batch.layout)
+        if len(batch.frames.start):
+            batch.counts = self._huffman.count(batch.planes_buffer, batch.frames, batch.bounds)
+            batch.counts.entropy.get(stream=self._stream, out=batch.entropy, blocking=False)  # pinned
+        batch.counted = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
+        batch.counted.record(self._stream)
 
     def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[memoryview]:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
@@ -605,12 +605,13 @@ class GpuEngine:
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         raw_segments: list[tuple[int, int, int]] = []
         framed: dict[Codec, list[FramedPlane]] = {}
+        targets = iter(layout.plane_start.tolist())
         for chunk, table in enumerate(tables):
             source = payload_offsets[chunk]
-            for entry, placed in zip(table, layout.regions[chunk], strict=True):
+            for entry in table:
                 plane_length = entry.plane_length
-                for index, plane in enumerate(entry.planes):
-                    target = placed.plane_start(index)
+                for plane in entry.planes:
+                    target = next(targets)
                     if plane.codec == Codec.RAW:
                         raw_segments.append((source, target, plane.stored))
                     elif plane.codec == Codec.ZSTD:  # one frame (the CPU engine's byte regions)
@@ -699,55 +700,62 @@ class GpuEngine:
         regions = np.int32(len(layout.tables[0]))
         kernel((blocks,), (_THREADS,), (source, target, *layout.tables, regions, np.int64(layout.values)))
 
-    def _code(self, batch: _SplitBatch) -> _Coded:
-        """Code the frames of planes worth coding, in one launch, once the planes' byte counts
-        are in; wait for the coded lengths.
+    def _launch_code(self, batch: _SplitBatch) -> _Job | None:
+        """Queue the coding of the frames of planes worth coding, in one launch, once the planes'
+        byte counts are in; None where there is nothing to code.
 
         Near-random planes are stored raw (the CPU engine's entropy test, on whole planes here,
         from byte counts that the Huffman tables need anyway): coding them only costs time.
         """
-        frames, bounds, lengths = batch.frames, batch.bounds, batch.planes[:, 1]
-        count = len(frames.start)
-        coded = _Coded(None, np.zeros(count, dtype=bool), np.zeros(count, dtype=np.int64),
-                       np.zeros(count, dtype=np.int64))
         if batch.counts is None:
-            return coded
+            return None
         batch.counted.synchronize()
-        worth = (np.diff(bounds) > 0) & ((lengths < 4 * RAW_TEST_SAMPLE) | (batch.entropy <= RANDOM_BITS))
+        lengths, frames = batch.planes[:, 1], batch.frames
+        skewed = batch.entropy <= RANDOM_BITS
+        worth = (np.diff(batch.bounds) > 0) & ((lengths < 4 * RAW_TEST_SAMPLE) | skewed)
         chosen = np.flatnonzero(worth[frames.plane])
         if not len(chosen):
-            return coded
+            return None
         if self.codec == Codec.ANS:
-            job = self._nvcomp_job(Codec.ANS, batch.planes_buffer, frames.subset(chosen))
-        else:
-            output, sizes = self._huffman.encode(batch.planes_buffer, frames.subset(chosen), chosen,
-                                                 batch.counts, np.flatnonzero(worth))
-            job = _Job(output, FRAME_CAPACITY, sizes.get)
+            return self._nvcomp_job(Codec.ANS, batch.planes_buffer, frames, chosen)
+        output, sizes = self._huffman.encode(batch.planes_buffer, frames.subset(chosen), chosen, batch.counts,
+                                             np.flatnonzero(worth))
+        return _Job(chosen, output, FRAME_CAPACITY, sizes.get)
+
+    def _collect_code(self, batch: _SplitBatch, job: _Job | None) -> _Coded:
+        """Wait for a coding job; where each frame of the batch went (see :class:`_Coded`)."""
+        count = len(batch.frames.start)
+        coded = _Coded(None, np.zeros(count, dtype=bool), np.zeros(count, dtype=np.int64),
+                       np.zeros(count, dtype=np.int64))
+        if job is None:
+            return coded
         coded.output = job.output
-        coded.coded[chosen] = True
-        coded.offset[chosen] = np.arange(len(chosen)) * job.capacity
+        coded.coded[job.chosen] = True
+        coded.offset[job.chosen] = np.arange(len(job.chosen)) * job.capacity
         self._wait()
-        coded.length[chosen] = job.lengths()
+        coded.length[job.chosen] = job.lengths()
         return coded
 
-    def _nvcomp_job(self, codec: Codec, planes_buffer: cp.ndarray, frames: Frames) -> _Job:
-        """Code frames with one nvCOMP call; frame ``i`` goes to ``i`` times the coder's capacity."""
-        capacity, count = self._capacity[codec], len(frames.start)
+    def _nvcomp_job(self, codec: Codec, planes_buffer: cp.ndarray, frames: Frames,
+                    chosen: np.ndarray) -> _Job:
+        """Code frames ``chosen`` with one nvCOMP call; the ``i``-th goes to ``i`` times the coder's
+        capacity."""
+        capacity, count = self._capacity[codec], len(chosen)
         output = cp.empty(count * capacity, dtype=cp.uint8)
-        sources = nvcomp.as_arrays(planes_buffer, frames.start.tolist(), frames.size.tolist(),
+        sources = nvcomp.as_arrays(planes_buffer, frames.start[chosen].tolist(), frames.size[chosen].tolist(),
                                    self._stream.ptr)
         targets = nvcomp.as_arrays(output, (np.arange(count) * capacity).tolist(), [capacity] * count,
                                    self._stream.ptr)
         batch = self._coders[codec].encode(sources, out=targets)
-        return _Job(output, capacity, lambda: batch_sizes(batch))
+        return _Job(chosen, output, capacity, lambda: batch_sizes(batch))
 
-    def _assemble(self, planes_buffer: cp.ndarray, layout: _Layout, planes: np.ndarray, bounds: np.ndarray,
-                  coded: _Coded) -> DeviceEncoded:
+    def _assemble(self, batch: _SplitBatch, coded: _Coded) -> DeviceEncoded:
         """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer.
 
         A plane keeps its coded frames where they are smaller than the plane, else it is stored
         raw. Whole-batch numpy steps: a Python step per plane cost more than the GPU's work.
         """
+        layout, planes, bounds, planes_buffer = batch.layout, batch.planes, batch.bounds, batch.planes_buffer
         lengths = planes[:, 1]
         frame_plane = np.repeat(np.arange(len(planes)), np.diff(bounds))
         plane_coded = np.zeros(len(planes), dtype=bool)
@@ -760,10 +768,8 @@ class GpuEngine:
         kept_plane, kept_length = frame_plane[kept], coded.length[kept]
         before = np.cumsum(kept_length) - kept_length
         targets = plane_start[kept_plane] + before - before[np.searchsorted(kept_plane, kept_plane)]
-        regions = [placed for chunk_regions in layout.regions for placed in chunk_regions]
-        region_chunk = np.repeat(np.arange(len(layout.regions)), [len(chunk) for chunk in layout.regions])
-        plane_chunk = np.repeat(region_chunk, [ITEM_SIZE[placed.kind] for placed in regions])
-        chunk_bytes = np.bincount(plane_chunk, weights=stored, minlength=len(layout.regions)).astype(np.int64)
+        chunk_bytes = np.bincount(layout.plane_chunk, weights=stored, minlength=layout.chunks)
+        chunk_bytes = chunk_bytes.astype(np.int64)
         payload = cp.empty(int(stored.sum()), dtype=cp.uint8)
         raw = np.flatnonzero(~keep & (lengths > 0))
         self._copy_segments(planes_buffer, payload,
@@ -771,8 +777,7 @@ class GpuEngine:
         self._copy_segments(coded.output, payload,
                             np.stack((coded.offset[kept], targets, kept_length), axis=1))
         params = pack_batch_params(BatchPlanes(  # while the GPU copies
-            len(layout.regions), np.array([int(placed.kind) for placed in regions], dtype=np.int64),
-            np.array([placed.length for placed in regions], dtype=np.int64), region_chunk,
+            layout.chunks, layout.region_kind, layout.region_length, layout.region_chunk,
             np.where(keep, int(self.codec), int(Codec.RAW)), stored, self._frame_size, kept_plane,
             kept_length))
         return params, payload, np.concatenate(([0], np.cumsum(chunk_bytes))).tolist()
@@ -851,25 +856,24 @@ def _layout(regions: Sequence[Sequence[Region]], tables: TableUploads) -> _Layou
     """Kernel tables for chunks placed back to back, in the order given.
 
     Each plane starts at a multiple of ``gpu_huffman.ALIGN`` in the plane buffer, so every frame that
-    nvCOMP reads or writes there is aligned as it requires.
+    nvCOMP reads or writes there is aligned as it requires. Whole-batch numpy steps: a Python
+    step per region was a tenth of a batch's time.
     """
-    columns: tuple[list[int], ...] = ([], [], [], [], [])
-    per_chunk, values, base, plane_base = [], 0, 0, 0
-    for chunk_regions in regions:
-        placed = []
-        for region in chunk_regions:
-            size = ITEM_SIZE[region.kind]
-            stride = aligned(region.length // size)
-            placed.append(_Placed(region.kind, base, region.length, plane_base, stride))
-            if region.length:
-                for column, value in zip(columns, (values, base, plane_base, stride, size), strict=True):
-                    column.append(value)
-                values += region.length // size
-            base += region.length
-            plane_base += size * stride
-        per_chunk.append(placed)
-    (table,) = tables.upload(np.array(columns, dtype=np.int64))  # one row per column, one copy
-    return _Layout(tuple(table), values, plane_base, per_chunk)
+    per_chunk = [len(chunk_regions) for chunk_regions in regions]
+    flat = [(int(region.kind), region.length) for chunk_regions in regions for region in chunk_regions]
+    kind, length = np.array(flat, dtype=np.int64).reshape(-1, 2).T
+    size = _ITEM_SIZES[kind]
+    values = length // size
+    stride = aligned(values)
+    plane_base = np.cumsum(size * stride) - size * stride
+    (table,) = tables.upload(np.stack((np.cumsum(values) - values, np.cumsum(length) - length, plane_base,
+                                       stride, size))[:, length > 0])  # one row per column, one copy
+    plane_region = np.repeat(np.arange(len(kind)), size)
+    index = np.arange(len(plane_region)) - (np.cumsum(size) - size)[plane_region]
+    region_chunk = np.repeat(np.arange(len(per_chunk)), per_chunk)
+    plane_start = plane_base[plane_region] + index * stride[plane_region]
+    return _Layout(tuple(table), int(values.sum()), int((size * stride).sum()), len(per_chunk), region_chunk,
+                   kind, length, plane_start, values[plane_region], region_chunk[plane_region])
 
 
 def _table_layout(chunk_tables: Sequence[Sequence[RegionEntry]], tables: TableUploads) -> _Layout:
