@@ -4,6 +4,8 @@
 copy, which the stream runs only after every kernel queued before it: a batch of the GPU
 engine made a dozen such copies, each a stall of the host between kernels. Here the tables
 a step needs are packed into a pinned ring buffer and sent in one asynchronous copy.
+
+Also here: the alignment that every buffer the GPU engine lays out in device memory keeps.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-_TABLE_ALIGN = 16  # each table starts at a multiple of this in the packed copy
+ALIGN = 256  # alignment of planes, frames and tables in device buffers (nvCOMP asks for at most this)
 RING_BYTES = 8 << 20  # far more than the tables of one batch
+
+
+def aligned(size):
+    """``size`` (an int or an array of them) rounded up to a multiple of :data:`ALIGN`."""
+    return -(-size // ALIGN) * ALIGN
 
 
 class TableUploads:
@@ -33,7 +40,7 @@ class TableUploads:
     def upload(self, *tables: np.ndarray) -> list[cp.ndarray]:
         """Device copies of ``tables``, queued on the stream; the host does not wait."""
         tables = tuple(np.ascontiguousarray(table) for table in tables)
-        starts = np.cumsum([0] + [-(-table.nbytes // _TABLE_ALIGN) * _TABLE_ALIGN for table in tables])
+        starts = np.cumsum([0] + [aligned(table.nbytes) for table in tables])
         total = int(starts[-1])
         if total == 0 or total > len(self._ring):
             return [cp.asarray(table) for table in tables]

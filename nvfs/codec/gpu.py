@@ -32,7 +32,7 @@ import numpy as np
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 from nvfs.codec.cpu import CpuEngine
-from nvfs.codec.device_tables import TableUploads
+from nvfs.codec.device_tables import TableUploads, aligned
 from nvfs.codec.frames import BatchPlanes, FramedPlane, Frames, frame_table, pack_batch_params, plane_frames
 from nvfs.codec.gpu_huffman import (
     FRAME_CAPACITY,
@@ -41,7 +41,6 @@ from nvfs.codec.gpu_huffman import (
     GPU_FRAME_SIZE,
     Counts,
     HuffmanFrames,
-    aligned,
 )
 from nvfs.codec.planes import (
     FRAME_SIZE,
@@ -511,7 +510,7 @@ class GpuEngine:
         warm_up = np.zeros(1 << 20, dtype=np.uint8).tobytes()  # compiles the kernels, sizes the pools
         self.encode_batch([(warm_up, [Region(len(warm_up), ElementKind.BF16)])])
 
-    # -- batches: also the benchmark's entry points ---------------------------------------
+    # -- batches: also the benchmark's entry points; one thread at a time (the dispatcher's) --
 
     def encode_batch(self, items: Sequence[tuple[bytes, list[Region]]]) -> list[Encoded]:
         """Encode chunks (data, regions covering it) together; returns one :class:`Encoded` each."""
@@ -855,7 +854,7 @@ def _request_bytes(request: tuple) -> int:
 def _layout(regions: Sequence[Sequence[Region]], tables: TableUploads) -> _Layout:
     """Kernel tables for chunks placed back to back, in the order given.
 
-    Each plane starts at a multiple of ``gpu_huffman.ALIGN`` in the plane buffer, so every frame that
+    Each plane starts at a multiple of ``device_tables.ALIGN`` in the plane buffer, so every frame that
     nvCOMP reads or writes there is aligned as it requires. Whole-batch numpy steps: a Python
     step per region was a tenth of a batch's time.
     """

@@ -18,7 +18,7 @@ from importlib import resources
 import cupy as cp
 import numpy as np
 
-from nvfs.codec.device_tables import TableUploads
+from nvfs.codec.device_tables import TableUploads, aligned
 from nvfs.codec.frames import Frames
 
 _THREADS = 256
@@ -27,14 +27,6 @@ _DESCRIPTION_STRIDE = 144  # these two must match DESCRIPTION_STRIDE and LANES i
 _LANES = 64
 _DECODE_SLOTS = 8  # frames per block of decode_frames (four threads each), as DECODE_SLOTS in the .cu
 FRAME_DECODED, FRAME_UNSUPPORTED, FRAME_DAMAGED = 0, 1, 2  # decode statuses, as in zstd_huffman.cu
-ALIGN = 256  # alignment of planes and frames in device buffers (nvCOMP asks for at most this)
-
-
-def aligned(size):
-    """``size`` (an int or an array of them) rounded up to a multiple of :data:`ALIGN`."""
-    return -(-size // ALIGN) * ALIGN
-
-
 # Decoded bytes per frame this engine writes: a quarter of the CPU engine's. Each of a frame's
 # four streams is one thread's chain of dependent steps, so more, smaller frames decode
 # faster, until the GPU holds them all at once (H200, 256 MiB of bf16, decode_frames:
