@@ -6,9 +6,9 @@
 #   export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/fuse/lib PATH=/tmp/bin:$PATH
 #
 # What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal and trio (the machine's python3
-# already has torch, cupy, numpy, safetensors, pytest and hypothesis); libfuse3's shared library, headers and
-# fusermount3 copied from this Debian machine; pyfuse3's sdist, whose generated C file is compiled
-# there against them (pyfuse3 publishes no wheels).
+# already has torch, cupy, numpy, safetensors, pytest and hypothesis); libfuse3's shared library,
+# headers and fusermount3 copied from this Debian machine; pyfuse3's sdist, whose generated C file
+# is compiled there against them (pyfuse3 publishes no wheels).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SITE=/tmp/site
