@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nvfs.codec.base import ElementKind
-from nvfs.codec.planes import FRAMED, ITEM_SIZE
+from nvfs.codec.planes import FRAMED, item_sizes
 
 # A framed plane to decode: payload offset, plane buffer offset, plane length, frame size, frame lengths.
 FramedPlane = tuple[int, int, int, int, tuple[int, ...]]
@@ -92,8 +91,7 @@ def pack_batch_params(batch: BatchPlanes) -> list[bytes]:
     kind, length, plane codec, stored size, frame size or frame length) is a row of a table
     keyed by its place in the stream, and the bytes of all fields are cut out in one pass.
     """
-    plane_counts = np.array([ITEM_SIZE[ElementKind(kind)] for kind in batch.region_kind.tolist()],
-                            dtype=np.int64)
+    plane_counts = item_sizes(batch.region_kind)
     region_first = np.cumsum(plane_counts) - plane_counts
     chunk_regions = np.bincount(batch.region_chunk, minlength=batch.chunks)
     chunk_first_region = np.cumsum(chunk_regions) - chunk_regions

@@ -44,7 +44,6 @@ from nvfs.codec.gpu_huffman import (
 )
 from nvfs.codec.planes import (
     FRAME_SIZE,
-    ITEM_SIZE,
     RANDOM_BITS,
     RAW_TEST_SAMPLE,
     PlaneCoder,
@@ -52,6 +51,7 @@ from nvfs.codec.planes import (
     RegionEntry,
     check_regions,
     detect_regions,
+    item_sizes,
     parse_params,
     planes_or_raw,
 )
@@ -65,9 +65,6 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
     raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
 
 BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
-_ITEM_SIZES = np.zeros(max(int(kind) for kind in ITEM_SIZE) + 1, dtype=np.int64)  # by ElementKind value
-for _kind, _size in ITEM_SIZE.items():
-    _ITEM_SIZES[int(_kind)] = _size
 # Chunks encoded in device memory: their transform parameters, payloads back to back, payload offsets.
 DeviceEncoded = tuple[list[bytes], cp.ndarray, list[int]]
 # Chunks to decode in device memory: payloads back to back, payload offsets, parameter tables.
@@ -600,7 +597,7 @@ class GpuEngine:
         The merge is queued before any frame's status is known (see :meth:`_finish_decodes`).
         """
         layout = _table_layout(tables, self._tables)
-        total = sum(entry.length for table in tables for entry in table)
+        total = int(layout.region_length.sum())
         planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
         raw_segments: list[tuple[int, int, int]] = []
         framed: dict[Codec, list[FramedPlane]] = {}
@@ -852,16 +849,29 @@ def _request_bytes(request: tuple) -> int:
 
 
 def _layout(regions: Sequence[Sequence[Region]], tables: TableUploads) -> _Layout:
-    """Kernel tables for chunks placed back to back, in the order given.
+    """Kernel tables for chunks placed back to back, in the order given."""
+    return _columns_layout([len(chunk_regions) for chunk_regions in regions],
+                           [(int(region.kind), region.length) for chunk_regions in regions
+                            for region in chunk_regions], tables)
+
+
+def _table_layout(chunk_tables: Sequence[Sequence[RegionEntry]], tables: TableUploads) -> _Layout:
+    """:func:`_layout` of chunks described by their parameter tables."""
+    return _columns_layout([len(table) for table in chunk_tables],
+                           [(int(entry.kind), entry.length) for table in chunk_tables for entry in table],
+                           tables)
+
+
+def _columns_layout(per_chunk: Sequence[int], regions: Sequence[tuple[int, int]],
+                    tables: TableUploads) -> _Layout:
+    """The layout of chunks holding ``per_chunk[c]`` regions each, given as (kind, length) in order.
 
     Each plane starts at a multiple of ``device_tables.ALIGN`` in the plane buffer, so every frame that
     nvCOMP reads or writes there is aligned as it requires. Whole-batch numpy steps: a Python
     step per region was a tenth of a batch's time.
     """
-    per_chunk = [len(chunk_regions) for chunk_regions in regions]
-    flat = [(int(region.kind), region.length) for chunk_regions in regions for region in chunk_regions]
-    kind, length = np.array(flat, dtype=np.int64).reshape(-1, 2).T
-    size = _ITEM_SIZES[kind]
+    kind, length = np.array(regions, dtype=np.int64).reshape(-1, 2).T
+    size = item_sizes(kind)
     values = length // size
     stride = aligned(values)
     plane_base = np.cumsum(size * stride) - size * stride
@@ -873,11 +883,6 @@ def _layout(regions: Sequence[Sequence[Region]], tables: TableUploads) -> _Layou
     plane_start = plane_base[plane_region] + index * stride[plane_region]
     return _Layout(tuple(table), int(values.sum()), int((size * stride).sum()), len(per_chunk), region_chunk,
                    kind, length, plane_start, values[plane_region], region_chunk[plane_region])
-
-
-def _table_layout(chunk_tables: Sequence[Sequence[RegionEntry]], tables: TableUploads) -> _Layout:
-    """:func:`_layout` of chunks described by their parameter tables."""
-    return _layout([[Region(entry.length, entry.kind) for entry in table] for table in chunk_tables], tables)
 
 
 def batch_sizes(batch) -> list[int]:

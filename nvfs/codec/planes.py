@@ -26,6 +26,9 @@ from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
              ElementKind.FP64: 8}
+_ITEM_SIZES = np.zeros(max(int(kind) for kind in ITEM_SIZE) + 1, dtype=np.int64)  # by ElementKind value
+for _kind, _size in ITEM_SIZE.items():
+    _ITEM_SIZES[int(_kind)] = _size
 FRAME_SIZE = 128 << 10  # decoded bytes per frame of a framed plane: one zstd block, GPU-sized work
 FRAMED = (Codec.ZSTD_FRAMES, Codec.ANS)
 _COUNT = struct.Struct("<I")
@@ -67,6 +70,11 @@ class RegionEntry:
     @property
     def plane_length(self) -> int:
         return self.length // ITEM_SIZE[self.kind]
+
+
+def item_sizes(kinds: np.ndarray) -> np.ndarray:
+    """:data:`ITEM_SIZE` of each of an array of element kind values, in one numpy step."""
+    return _ITEM_SIZES[kinds]
 
 
 def frame_count(plane_length: int, frame_size: int) -> int:
