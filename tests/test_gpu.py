@@ -170,6 +170,45 @@ def test_ans_frames_of_an_earlier_size_still_decode(gpu_ans, monkeypatch):
     assert gpu_ans.decode(encoded, len(data)) == data
 
 
+def test_ans_through_the_c_api_is_the_bitstream_of_nvcomps_python_codec(gpu_ans):
+    """The batched C API (nvcomp_ans) writes byte for byte what nvCOMP's Python Codec writes,
+    which decodes its frames back, and a frame that does not decode to its size is counted."""
+    cp = pytest.importorskip("cupy")
+    from nvidia import nvcomp
+
+    from nvfs.codec.device_tables import TableUploads  # here: importing them needs cupy
+    from nvfs.codec.nvcomp_ans import AnsFrames
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    frame = 512 << 10
+    sizes = np.array([frame, frame, 200_000, 4096, 1])
+    starts = np.concatenate(([0], np.cumsum(-(-sizes // 256) * 256)[:-1]))
+    data = cp.asarray(np.frombuffer(float_bytes(ElementKind.BYTES, int(starts[-1] + sizes[-1]), seed=8),
+                                    dtype=np.uint8))
+    with stream:
+        ans = AnsFrames(stream, TableUploads(stream), frame)
+        output = cp.empty(len(sizes) * ans.capacity, dtype=cp.uint8)
+        lengths = ans.encode(data, starts, sizes, output).get()
+        ours = [output[i * ans.capacity : i * ans.capacity + int(lengths[i])] for i in range(len(sizes))]
+        python = nvcomp.Codec(algorithm="ANS", data_type="|u1", bitstream_kind=nvcomp.BitstreamKind.RAW,
+                              uncomp_chunk_size=frame, cuda_stream=stream.ptr)
+        theirs = python.encode(nvcomp.as_arrays(data, starts.tolist(), sizes.tolist(), stream.ptr))
+        stream.synchronize()
+        assert [int(length) for length in theirs.buffer_sizes] == lengths.tolist()
+        for index, coded in enumerate(ours):
+            assert cp.array_equal(coded, cp.asarray(theirs[index]).view(cp.uint8)[: coded.size])
+        decoded = cp.zeros_like(data)
+        bad = ans.decode(output, np.arange(len(sizes)) * ans.capacity, lengths, decoded, starts, sizes)
+        assert int(bad.get()[0]) == 0
+        for start, size in zip(starts.tolist(), sizes.tolist(), strict=True):
+            assert cp.array_equal(decoded[start : start + size], data[start : start + size])
+        short = sizes.copy()
+        short[1] -= 1  # frame 1 expected one byte shorter than it decodes to
+        bad = ans.decode(output, np.arange(len(sizes)) * ans.capacity, lengths, decoded, starts, short)
+        assert int(bad.get()[0]) == 1
+        del python
+
+
 def test_table_uploads_survive_the_ring_wrapping(gpu):
     """Tables sent through a small pinned ring, many times round, arrive intact and typed."""
     cp = pytest.importorskip("cupy")

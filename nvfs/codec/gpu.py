@@ -42,6 +42,7 @@ from nvfs.codec.gpu_huffman import (
     Counts,
     HuffmanFrames,
 )
+from nvfs.codec.nvcomp_ans import AnsFrames
 from nvfs.codec.planes import (
     FRAME_SIZE,
     RANDOM_BITS,
@@ -316,6 +317,19 @@ class _NvcompDecode:
 
 
 @dataclass
+class _AnsCheck:
+    """Queued ANS decoding: ``bad`` (device) counts the frames that failed once the stream is done."""
+
+    bad: cp.ndarray
+
+    def __call__(self) -> bool:
+        """Raise :class:`CodecError` if any frame failed; False: no second merge is needed."""
+        if int(self.bad.get()[0]):
+            raise CodecError("ans frames do not decode to their sizes (damaged chunk)")
+        return False
+
+
+@dataclass
 class _SplitBatch:
     """A batch to encode: laid out on the host, then split into planes and counted on the GPU.
 
@@ -432,7 +446,7 @@ class GpuEngine:
         try:
             self._serve_batches()
         finally:
-            self._coders.clear()
+            del self._zstd
 
     def _serve_batches(self) -> None:
         while True:
@@ -486,23 +500,14 @@ class GpuEngine:
         self._copy = module.get_function("copy_segments")
         self._tables = TableUploads(self._stream)
         self._huffman = HuffmanFrames(self._tables)
-        # Every coder works on our stream, so its work is ordered with our kernels (the arrays'
-        # stream alone does not order nvCOMP's output before our next kernel). The coders are
-        # freed before the stream (see _dispatch). uncomp_chunk_size: the largest frame a coder
-        # handles (its default is 64 KiB): nvCOMP decodes the CPU engine's zstd frames, and
-        # ANS frames of any size up to the one written now.
-        common = {"bitstream_kind": nvcomp.BitstreamKind.RAW, "device_id": self.device,
-                  "cuda_stream": self._stream.ptr}
-        largest = {Codec.ZSTD_FRAMES: FRAME_SIZE, Codec.ANS: ANS_FRAME_SIZE}
-        self._coders = {
-            Codec.ZSTD_FRAMES: nvcomp.Codec(algorithm="Zstd", uncomp_chunk_size=FRAME_SIZE, **common),
-            Codec.ANS: nvcomp.Codec(algorithm="ANS", data_type="|u1", uncomp_chunk_size=ANS_FRAME_SIZE,
-                                    **common),
-        }
-        self._capacity = {}  # bytes a coded frame may take, at most
-        for codec, coder in self._coders.items():
-            frame = nvcomp.as_array(cp.empty(largest[codec], dtype=cp.uint8))
-            self._capacity[codec] = aligned(coder.get_max_comp_buffer_size(frame))
+        # Both coders work on our stream, so their work is ordered with our kernels. nvCOMP's
+        # Python Codec decodes the CPU engine's zstd frames (the few our kernel leaves: see
+        # _decompress); uncomp_chunk_size is the largest frame it handles (its default is
+        # 64 KiB). It is freed before the stream (see _dispatch).
+        self._zstd = nvcomp.Codec(algorithm="Zstd", uncomp_chunk_size=FRAME_SIZE,
+                                  bitstream_kind=nvcomp.BitstreamKind.RAW, device_id=self.device,
+                                  cuda_stream=self._stream.ptr)
+        self._ans = AnsFrames(self._stream, self._tables, ANS_FRAME_SIZE)
         self._pinned = np.empty(0, dtype=np.uint8)
         warm_up = np.zeros(1 << 20, dtype=np.uint8).tobytes()  # compiles the kernels, sizes the pools
         self.encode_batch([(warm_up, [Region(len(warm_up), ElementKind.BF16)])])
@@ -533,40 +538,38 @@ class GpuEngine:
     def encode_device_batches(self, batches: Sequence[tuple[cp.ndarray, Sequence[Sequence[Region]]]]
                               ) -> list[DeviceEncoded]:
         """:meth:`encode_device` of several batches, the host's work on one overlapping the GPU's
-        on another: most of a batch's time is host work."""
-        results = []
+        on another: most of a batch's time is host work, and no step queued here waits for the
+        GPU (the coders included: see :mod:`nvfs.codec.nvcomp_ans`)."""
+        results: list[DeviceEncoded] = []
+        if not batches:
+            return results
         with self._stream:
-            following = self._prepare(*batches[0]) if batches else None
-            if following is not None:
-                self._split(following)
+            current = self._prepare(*batches[0])
+            job = self._launch_code(current)
             for index in range(len(batches)):
-                current, following = following, None
-                job = self._launch_code(current)  # the GPU codes this batch ...
-                if index + 1 < len(batches):
-                    following = self._prepare(*batches[index + 1])  # ... while the host lays out the next
-                coded = self._collect_code(current, job)
-                if following is not None:
-                    self._split(following)  # the GPU splits the next batch ...
-                results.append(self._assemble(current, coded))  # ... while the host assembles this one
+                following = self._prepare(*batches[index + 1]) if index + 1 < len(batches) else None
+                coded = self._collect_code(current, job)  # the host laid out the next batch meanwhile
+                next_job = self._launch_code(following) if following is not None else None
+                results.append(self._assemble(current, coded))  # while the GPU codes the next batch
+                current, job = following, next_job
         return results
 
     def _prepare(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]) -> _SplitBatch:
-        """Lay out a batch: its kernel tables, its planes and their frames."""
+        """Lay out a batch (its kernel tables, its planes and their frames), and queue its plane
+        split and the byte counts of its frames and planes."""
         layout = _layout(regions, self._tables)
         planes = np.stack((layout.plane_start, layout.plane_length), axis=1)
         frames, bounds = plane_frames(planes, self._frame_size)
         entropy = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * len(planes) or 4), dtype=np.float32)
-        return _SplitBatch(data, layout, cp.empty(layout.plane_bytes, dtype=cp.uint8), planes, frames, bounds,
-                           entropy[: len(planes)])
-
-    def _split(self, batch: _SplitBatch) -> None:
-        """Queue the plane split of a batch and the byte counts of its frames and planes."""
+        batch = _SplitBatch(data, layout, cp.empty(layout.plane_bytes, dtype=cp.uint8), planes, frames,
+                            bounds, entropy[: len(planes)])
         self._launch(self._split_kernel, batch.data, batch.planes_buffer, batch.layout)
         if len(batch.frames.start):
             batch.counts = self._huffman.count(batch.planes_buffer, batch.frames, batch.bounds)
             batch.counts.entropy.get(stream=self._stream, out=batch.entropy, blocking=False)  # pinned
         batch.counted = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
         batch.counted.record(self._stream)
+        return batch
 
     def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[memoryview]:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
@@ -713,7 +716,9 @@ class GpuEngine:
         if not len(chosen):
             return None
         if self.codec == Codec.ANS:
-            return self._nvcomp_job(Codec.ANS, batch.planes_buffer, frames, chosen)
+            output = cp.empty(len(chosen) * self._ans.capacity, dtype=cp.uint8)
+            lengths = self._ans.encode(batch.planes_buffer, frames.start[chosen], frames.size[chosen], output)
+            return _Job(chosen, output, self._ans.capacity, lengths.get)
         output, sizes = self._huffman.encode(batch.planes_buffer, frames.subset(chosen), chosen, batch.counts,
                                              np.flatnonzero(worth))
         return _Job(chosen, output, FRAME_CAPACITY, sizes.get)
@@ -731,19 +736,6 @@ class GpuEngine:
         self._wait()
         coded.length[job.chosen] = job.lengths()
         return coded
-
-    def _nvcomp_job(self, codec: Codec, planes_buffer: cp.ndarray, frames: Frames,
-                    chosen: np.ndarray) -> _Job:
-        """Code frames ``chosen`` with one nvCOMP call; the ``i``-th goes to ``i`` times the coder's
-        capacity."""
-        capacity, count = self._capacity[codec], len(chosen)
-        output = cp.empty(count * capacity, dtype=cp.uint8)
-        sources = nvcomp.as_arrays(planes_buffer, frames.start[chosen].tolist(), frames.size[chosen].tolist(),
-                                   self._stream.ptr)
-        targets = nvcomp.as_arrays(output, (np.arange(count) * capacity).tolist(), [capacity] * count,
-                                   self._stream.ptr)
-        batch = self._coders[codec].encode(sources, out=targets)
-        return _Job(chosen, output, capacity, lambda: batch_sizes(batch))
 
     def _assemble(self, batch: _SplitBatch, coded: _Coded) -> DeviceEncoded:
         """Lay out each chunk's payload (its planes' stored bytes in table order) in one buffer.
@@ -808,16 +800,18 @@ class GpuEngine:
         return check
 
     def _nvcomp_decode(self, codec: Codec, payload: cp.ndarray, planes_buffer: cp.ndarray,
-                       frames: np.ndarray) -> _NvcompDecode:
+                       frames: np.ndarray) -> Callable[[], bool]:
         """Queue nvCOMP's decoding of frames, gathered first at aligned offsets as nvCOMP wants
-        its inputs; returns the check of their decoded lengths, for once the stream is done."""
+        its inputs; returns the check of their decoding, for once the stream is done."""
         lengths, targets, sizes = frames[:, 1], frames[:, 2], frames[:, 3]
         starts = np.concatenate(([0], np.cumsum(aligned(lengths))))
         gathered = cp.empty(int(starts[-1]), dtype=cp.uint8)
         self._copy_segments(payload, gathered, np.stack((frames[:, 0], starts[:-1], lengths), axis=1))
+        if codec == Codec.ANS:
+            return _AnsCheck(self._ans.decode(gathered, starts[:-1], lengths, planes_buffer, targets, sizes))
         sources_batch = nvcomp.as_arrays(gathered, starts[:-1].tolist(), lengths.tolist(), self._stream.ptr)
         targets_batch = nvcomp.as_arrays(planes_buffer, targets.tolist(), sizes.tolist(), self._stream.ptr)
-        decoded = self._coders[codec].decode(sources_batch, out=targets_batch)
+        decoded = self._zstd.decode(sources_batch, out=targets_batch)
         return _NvcompDecode(codec, decoded, sizes.tolist(), (gathered, sources_batch, targets_batch))
 
     def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:
