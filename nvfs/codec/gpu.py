@@ -239,15 +239,15 @@ extern "C" __global__ void merge_planes(const unsigned char* src, unsigned char*
     }
 }
 
-// One block per segment s (table: sources, then targets, then lengths, `segments` each): copy
-// its bytes; 16 bytes at a time where both ends are 16-byte aligned. The host cuts segments
-// into pieces of at most COPY_PIECE bytes, so that a long one keeps many blocks busy.
-extern "C" __global__ void copy_segments(const unsigned char* src, unsigned char* dst, const long long* table,
-                                         int segments) {
+// One block per segment s (table: source addresses, then target addresses, then lengths,
+// `segments` each): copy its bytes; 16 bytes at a time where both ends are 16-byte aligned.
+// The host cuts segments into pieces of at most COPY_PIECE bytes, so that a long one keeps
+// many blocks busy. Addresses, not offsets: one launch copies between any buffers.
+extern "C" __global__ void copy_segments(const long long* table, int segments) {
     int s = blockIdx.x;
-    long long from = table[s], to = table[segments + s], n = table[2 * segments + s];
-    const unsigned char* in = src + from;
-    unsigned char* out = dst + to;
+    const unsigned char* in = (const unsigned char*)table[s];
+    unsigned char* out = (unsigned char*)table[segments + s];
+    long long n = table[2 * segments + s];
     if ((((unsigned long long)in | (unsigned long long)out) & 15) == 0) {
         long long words = n / 16;
         for (long long k = threadIdx.x; k < words; k += blockDim.x)
@@ -291,12 +291,14 @@ class _Coded:
 @dataclass
 class _Job:
     """Frames handed to one coder (``chosen``, of the batch's frames): its output (the ``i``-th
-    at ``i * capacity``) and, once the GPU is done, each frame's coded length."""
+    at ``i * capacity``) and each frame's coded length, in pinned memory once ``done`` has
+    happened."""
 
     chosen: np.ndarray
     output: cp.ndarray
     capacity: int
-    lengths: Callable[[], Sequence[int]]
+    lengths: np.ndarray
+    done: cp.cuda.Event
 
 
 @dataclass
@@ -333,7 +335,8 @@ class _AnsCheck:
 class _SplitBatch:
     """A batch to encode: laid out on the host, then split into planes and counted on the GPU.
 
-    ``entropy`` (pinned host memory) holds each plane's entropy once ``counted`` has happened.
+    Where it has frames, ``entropy`` (pinned host memory) holds each plane's entropy once
+    ``counted`` has happened.
     """
 
     data: cp.ndarray
@@ -342,8 +345,8 @@ class _SplitBatch:
     planes: np.ndarray  # rows: plane buffer offset, length
     frames: Frames
     bounds: np.ndarray
-    entropy: np.ndarray
     counts: Counts | None = None
+    entropy: np.ndarray | None = None
     counted: cp.cuda.Event | None = None
 
 
@@ -544,14 +547,14 @@ class GpuEngine:
         if not batches:
             return results
         with self._stream:
-            current = self._prepare(*batches[0])
-            job = self._launch_code(current)
+            split = [self._prepare(*batch) for batch in batches[:2]]
+            job = self._launch_code(split[0])
             for index in range(len(batches)):
-                following = self._prepare(*batches[index + 1]) if index + 1 < len(batches) else None
-                coded = self._collect_code(current, job)  # the host laid out the next batch meanwhile
-                next_job = self._launch_code(following) if following is not None else None
-                results.append(self._assemble(current, coded))  # while the GPU codes the next batch
-                current, job = following, next_job
+                coded = self._collect_code(split[0], job)
+                job = self._launch_code(split[1]) if len(split) > 1 else None  # the GPU codes the next
+                if index + 2 < len(batches):
+                    split.append(self._prepare(*batches[index + 2]))  # and splits the one after, while
+                results.append(self._assemble(split.pop(0), coded))  # the host lays it out and assembles
         return results
 
     def _prepare(self, data: cp.ndarray, regions: Sequence[Sequence[Region]]) -> _SplitBatch:
@@ -560,16 +563,23 @@ class GpuEngine:
         layout = _layout(regions, self._tables)
         planes = np.stack((layout.plane_start, layout.plane_length), axis=1)
         frames, bounds = plane_frames(planes, self._frame_size)
-        entropy = np.frombuffer(cp.cuda.alloc_pinned_memory(4 * len(planes) or 4), dtype=np.float32)
-        batch = _SplitBatch(data, layout, cp.empty(layout.plane_bytes, dtype=cp.uint8), planes, frames,
-                            bounds, entropy[: len(planes)])
+        planes_buffer = cp.empty(layout.plane_bytes, dtype=cp.uint8)
+        batch = _SplitBatch(data, layout, planes_buffer, planes, frames, bounds)
         self._launch(self._split_kernel, batch.data, batch.planes_buffer, batch.layout)
         if len(batch.frames.start):
             batch.counts = self._huffman.count(batch.planes_buffer, batch.frames, batch.bounds)
-            batch.counts.entropy.get(stream=self._stream, out=batch.entropy, blocking=False)  # pinned
-        batch.counted = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
-        batch.counted.record(self._stream)
+            batch.entropy, batch.counted = self._fetch(batch.counts.entropy)
         return batch
+
+    def _fetch(self, device: cp.ndarray) -> tuple[np.ndarray, cp.cuda.Event]:
+        """Queue a copy of a small device array to pinned host memory: the host array, valid once
+        the returned event has happened (waiting on it does not wait for work queued later)."""
+        memory = cp.cuda.alloc_pinned_memory(max(device.nbytes, 1))
+        host = np.frombuffer(memory, dtype=device.dtype, count=device.size)
+        device.get(stream=self._stream, out=host, blocking=False)
+        done = cp.cuda.Event(block=True, disable_timing=True)  # block: wait without the GIL
+        done.record(self._stream)
+        return host, done
 
     def decode_batch(self, items: Sequence[tuple[Encoded, int]]) -> list[memoryview]:
         """Decode chunks written with transform 1 by any engine; returns their bytes."""
@@ -620,7 +630,7 @@ class GpuEngine:
                         framed.setdefault(plane.codec, []).append(
                             (source, target, plane_length, plane.frame_size, plane.frame_lengths))
                     source += plane.stored
-        self._copy_segments(payload, planes_buffer, raw_segments)
+        self._copy_segments((payload, planes_buffer, raw_segments))
         checks = [self._decompress(codec, payload, planes_buffer, frame_table(planes))
                   for codec, planes in framed.items()]
         out = cp.empty(total, dtype=cp.uint8)
@@ -716,12 +726,14 @@ class GpuEngine:
         if not len(chosen):
             return None
         if self.codec == Codec.ANS:
-            output = cp.empty(len(chosen) * self._ans.capacity, dtype=cp.uint8)
+            capacity = self._ans.capacity
+            output = cp.empty(len(chosen) * capacity, dtype=cp.uint8)
             lengths = self._ans.encode(batch.planes_buffer, frames.start[chosen], frames.size[chosen], output)
-            return _Job(chosen, output, self._ans.capacity, lengths.get)
-        output, sizes = self._huffman.encode(batch.planes_buffer, frames.subset(chosen), chosen, batch.counts,
-                                             np.flatnonzero(worth))
-        return _Job(chosen, output, FRAME_CAPACITY, sizes.get)
+        else:
+            capacity = FRAME_CAPACITY
+            output, lengths = self._huffman.encode(batch.planes_buffer, frames.subset(chosen), chosen,
+                                                   batch.counts, np.flatnonzero(worth))
+        return _Job(chosen, output, capacity, *self._fetch(lengths))
 
     def _collect_code(self, batch: _SplitBatch, job: _Job | None) -> _Coded:
         """Wait for a coding job; where each frame of the batch went (see :class:`_Coded`)."""
@@ -733,8 +745,8 @@ class GpuEngine:
         coded.output = job.output
         coded.coded[job.chosen] = True
         coded.offset[job.chosen] = np.arange(len(job.chosen)) * job.capacity
-        self._wait()
-        coded.length[job.chosen] = job.lengths()
+        job.done.synchronize()
+        coded.length[job.chosen] = job.lengths
         return coded
 
     def _assemble(self, batch: _SplitBatch, coded: _Coded) -> DeviceEncoded:
@@ -760,10 +772,9 @@ class GpuEngine:
         chunk_bytes = chunk_bytes.astype(np.int64)
         payload = cp.empty(int(stored.sum()), dtype=cp.uint8)
         raw = np.flatnonzero(~keep & (lengths > 0))
-        self._copy_segments(planes_buffer, payload,
-                            np.stack((planes[raw, 0], plane_start[raw], lengths[raw]), axis=1))
-        self._copy_segments(coded.output, payload,
-                            np.stack((coded.offset[kept], targets, kept_length), axis=1))
+        raw_rows = np.stack((planes[raw, 0], plane_start[raw], lengths[raw]), axis=1)
+        coded_rows = np.stack((coded.offset[kept], targets, kept_length), axis=1)
+        self._copy_segments((planes_buffer, payload, raw_rows), (coded.output, payload, coded_rows))
         params = pack_batch_params(BatchPlanes(  # while the GPU copies
             layout.chunks, layout.region_kind, layout.region_length, layout.region_chunk,
             np.where(keep, int(self.codec), int(Codec.RAW)), stored, self._frame_size, kept_plane,
@@ -806,7 +817,7 @@ class GpuEngine:
         lengths, targets, sizes = frames[:, 1], frames[:, 2], frames[:, 3]
         starts = np.concatenate(([0], np.cumsum(aligned(lengths))))
         gathered = cp.empty(int(starts[-1]), dtype=cp.uint8)
-        self._copy_segments(payload, gathered, np.stack((frames[:, 0], starts[:-1], lengths), axis=1))
+        self._copy_segments((payload, gathered, np.stack((frames[:, 0], starts[:-1], lengths), axis=1)))
         if codec == Codec.ANS:
             return _AnsCheck(self._ans.decode(gathered, starts[:-1], lengths, planes_buffer, targets, sizes))
         sources_batch = nvcomp.as_arrays(gathered, starts[:-1].tolist(), lengths.tolist(), self._stream.ptr)
@@ -814,14 +825,17 @@ class GpuEngine:
         decoded = self._zstd.decode(sources_batch, out=targets_batch)
         return _NvcompDecode(codec, decoded, sizes.tolist(), (gathered, sources_batch, targets_batch))
 
-    def _copy_segments(self, source: cp.ndarray, target: cp.ndarray, segments) -> None:
-        """Copy (source offset, target offset, length) segments in one kernel."""
-        if not len(segments):
+    def _copy_segments(self, *moves: tuple[cp.ndarray, cp.ndarray, object]) -> None:
+        """Copy segments in one kernel: each move is a source buffer, a target buffer and rows of
+        (source offset, target offset, length) between them."""
+        rows = [np.asarray(segments, dtype=np.int64).reshape(-1, 3) + (source.data.ptr, target.data.ptr, 0)
+                for source, target, segments in moves if len(segments)]
+        if not rows:
             return
-        table = _copy_pieces(np.asarray(segments, dtype=np.int64).reshape(-1, 3))
+        table = _copy_pieces(np.concatenate(rows))
         pieces = table.shape[1]
         (device_table,) = self._tables.upload(table)
-        self._copy((pieces,), (_THREADS,), (source, target, device_table, np.int32(pieces)))
+        self._copy((pieces,), (_THREADS,), (device_table, np.int32(pieces)))
 
 
 def _copy_pieces(segments: np.ndarray) -> np.ndarray:
