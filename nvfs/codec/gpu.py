@@ -65,7 +65,12 @@ try:  # the engine is optional: importing nvfs never needs CUDA (make_engine rep
 except ImportError as exc:  # pragma: no cover - depends on the machine
     raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]): {exc}") from exc
 
-BATCH_BYTES = 256 << 20  # uncompressed bytes coded per GPU batch at most
+# Uncompressed bytes coded per GPU batch at most. A batch costs the host about a millisecond
+# of bookkeeping whatever its size, so batches of device data are large: on the H200, ANS at
+# 256 MiB per batch ranged from 147 to 241 GB/s over runs (benchmarks/gpu_codec.py). The
+# mount's batches are what its workers have in flight, far smaller; the pinned staging buffer
+# grows only to the largest host batch seen.
+BATCH_BYTES = 512 << 20
 # Chunks encoded in device memory: their transform parameters, payloads back to back, payload offsets.
 DeviceEncoded = tuple[list[bytes], cp.ndarray, list[int]]
 # Chunks to decode in device memory: payloads back to back, payload offsets, parameter tables.
