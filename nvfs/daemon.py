@@ -26,11 +26,14 @@ _MMAP_THRESHOLD = 64 << 20  # allocations below this come from the heap
 _HEAP_KEPT = 64 << 20  # free memory an arena keeps for reuse
 _ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
 GIL_SWITCH_INTERVAL = 0.0002  # seconds; CPython's default is 0.005
-# Bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb). On kernel 6.18 a
-# 1 MiB window came as 1 MiB FUSE requests, a 4 MiB one as 256 KiB requests (counted with
-# strace on the daemon); cat of 2 GiB from a directory store, page cache dropped, alternating:
-# 1 MiB 0.88-0.97 GB/s, 512 KiB 0.88-0.98, 2 MiB 0.78-0.89, 4 MiB 0.70-0.82, 16 MiB 0.62-0.66;
-# from SeaweedFS: 1 MiB 0.52-0.56, 4 MiB 0.49-0.51. The daemon's own read-ahead fetches chunks.
+# Bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb), set once the kernel
+# has the INIT reply (see _finish_mount). On kernel 6.18 a 1 MiB window came as 1 MiB FUSE
+# requests, a 4 MiB one as 256 KiB requests (counted with strace on the daemon); cat of 2 GiB
+# from a directory store, page cache dropped, alternating: 1 MiB 0.88-0.97 GB/s, 512 KiB
+# 0.88-0.98, 2 MiB 0.78-0.89, 4 MiB 0.70-0.82, 16 MiB 0.62-0.66; from SeaweedFS: 1 MiB
+# 0.52-0.56, 4 MiB 0.49-0.51. The daemon's own read-ahead fetches chunks. torch.load of the
+# same file (/tmp/s7 probes, two runs each): 0.29-0.31 GB/s at the 128 KiB the kernel had left
+# the window at before, 0.38-0.43 at 1 MiB, 0.45-0.46 at 4 MiB.
 KERNEL_READAHEAD = 1 << 20
 
 
@@ -133,10 +136,8 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
         return 1
     log.info("mounted %s on %s: engine %s (asked for %s), chunk size %d", source, mountpoint,
              store.engine.name, options.engine, options.vfs.chunk_size)
-    set_kernel_readahead(mountpoint, KERNEL_READAHEAD)
-    ready(None)
     try:
-        trio.run(_serve_until_unmounted, vfs)
+        trio.run(_serve_until_unmounted, vfs, mountpoint, ready)
     except BaseException:
         log.exception("the daemon failed")
         raise
@@ -147,14 +148,33 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
     return 0
 
 
-async def _serve_until_unmounted(vfs: Vfs) -> None:
+async def _serve_until_unmounted(vfs: Vfs, mountpoint: str, ready: Ready) -> None:
     async with trio.open_nursery() as nursery:
         vfs.start(nursery)
         nursery.start_soon(_terminate_on_signal)
+        nursery.start_soon(_finish_mount, mountpoint, ready)
         await pyfuse3.main()
         log.info("FUSE session ended; committing and draining")
         await vfs.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def _finish_mount(mountpoint: str, ready: Ready) -> None:
+    """Once the kernel has the daemon's INIT reply, widen its read-ahead and report the mount ready.
+
+    The kernel sets a mount's read-ahead from the INIT reply, never above its 128 KiB default,
+    so a wider window set before the reply is undone: it was, until this waited (read_ahead_kb
+    read 128 after the daemon had written 1024). The stat of the mount's root returns only
+    once INIT is through; files opened after ``nvfs mount`` returns get the wide window.
+    """
+    try:
+        await trio.to_thread.run_sync(os.stat, mountpoint)
+    except OSError as exc:
+        ready(f"{mountpoint} does not answer after mounting: {exc}")
+        pyfuse3.terminate()
+        return
+    set_kernel_readahead(mountpoint, KERNEL_READAHEAD)
+    ready(None)
 
 
 async def _terminate_on_signal() -> None:
