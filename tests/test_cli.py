@@ -11,6 +11,7 @@ from pathlib import Path
 import blake3
 import pytest
 
+from nvfs.daemon import KERNEL_READAHEAD
 from tests.conftest import nvfs
 
 
@@ -232,16 +233,13 @@ def test_generic_mount_options_are_accepted(mount_factory):
 def test_the_kernel_reads_ahead_a_mebibyte_once_mount_returns(mount_factory):
     """The mount's read-ahead is widened after the kernel has taken the INIT reply, which
     would narrow it again to 128 KiB (it did while the daemon set it before serving)."""
-    from nvfs.daemon import KERNEL_READAHEAD
-
+    if os.geteuid() != 0:
+        pytest.skip("only root may widen a mount's read-ahead")
     mount = mount_factory()
     mount.mount()
     with open("/proc/self/mountinfo") as table:
         device = [line.split()[2] for line in table if line.split()[4] == str(mount.mountpoint)][-1]
-    knob = Path(f"/sys/class/bdi/{device}/read_ahead_kb")
-    if os.geteuid() != 0:
-        pytest.skip("only root may widen a mount's read-ahead")
-    assert int(knob.read_text()) == KERNEL_READAHEAD >> 10
+    assert int(Path(f"/sys/class/bdi/{device}/read_ahead_kb").read_text()) == KERNEL_READAHEAD >> 10
 
 
 def test_mount_without_subcommand(mount_factory):
