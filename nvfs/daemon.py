@@ -33,7 +33,9 @@ GIL_SWITCH_INTERVAL = 0.0002  # seconds; CPython's default is 0.005
 # 0.88-0.98, 2 MiB 0.78-0.89, 4 MiB 0.70-0.82, 16 MiB 0.62-0.66; from SeaweedFS: 1 MiB
 # 0.52-0.56, 4 MiB 0.49-0.51. The daemon's own read-ahead fetches chunks. torch.load of the
 # same file: 0.29-0.31 GB/s at the 128 KiB the kernel had left the window at before (two
-# runs), 0.30-0.56 at 1 MiB (eight), 0.40-0.46 at 4 MiB (three): it varies a lot here.
+# runs), 0.30-0.56 at 1 MiB (twelve), 0.48-0.55 at 2 MiB (two), 0.40-0.52 at 4 MiB (five):
+# it varies a lot here, and cat is fastest at 1 MiB (0.97-1.00 against 0.85-0.87 at 2 MiB
+# and 0.81-0.82 at 4 MiB, alternating).
 KERNEL_READAHEAD = 1 << 20
 
 
