@@ -28,18 +28,14 @@ _ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
 GIL_SWITCH_INTERVAL = 0.0002  # seconds; CPython's default is 0.005
 # Bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb), set once the kernel
 # has the INIT reply (see _finish_mount). On kernel 6.18 a 1 MiB window came as 1 MiB FUSE
-# requests, a 4 MiB one as 256 KiB requests (counted with strace on the daemon); cat of 2 GiB
-# from a directory store, page cache dropped, alternating: 1 MiB 0.88-0.97 GB/s, 512 KiB
-# 0.88-0.98, 2 MiB 0.78-0.89, 4 MiB 0.70-0.82, 16 MiB 0.62-0.66; from SeaweedFS: 1 MiB
-# 0.52-0.56, 4 MiB 0.49-0.51. The daemon's own read-ahead fetches chunks. torch.load of the
-# same file: 0.29-0.31 GB/s at the 128 KiB the kernel had left the window at before (two
-# runs), 0.30-0.56 at 1 MiB (twelve), 0.48-0.55 at 2 MiB (two), 0.40-0.52 at 4 MiB (five):
-# it varies a lot here, and cat is fastest at 1 MiB (0.97-1.00 against 0.85-0.87 at 2 MiB
-# and 0.81-0.82 at 4 MiB, alternating).
+# requests, a 4 MiB one as 256 KiB requests (strace of the daemon). Cold cat of 2 GiB from a
+# directory store, alternating: 1 MiB 0.88-1.00 GB/s, 2 MiB 0.78-0.89, 4 MiB 0.70-0.82; from
+# SeaweedFS: 1 MiB 0.52-0.56, 4 MiB 0.49-0.51. torch.load of that file varies more than the
+# window moves it (1 MiB 0.30-0.56, 4 MiB 0.40-0.52; 0.29-0.31 at the kernel's 128 KiB).
 KERNEL_READAHEAD = 1 << 20
 
 
-def _mount_device(mountpoint: str) -> str | None:
+def mount_device(mountpoint: str) -> str | None:
     """``major:minor`` of the filesystem mounted on ``mountpoint``, from /proc/self/mountinfo.
 
     Read from the table, not by stat(2): the mount is ours and no request is served yet.
@@ -60,7 +56,7 @@ def set_kernel_readahead(mountpoint: str, size: int) -> None:
     costs the same Python work however large it is. Needs root (it is a sysfs knob of the
     mount's bdi).
     """
-    device = _mount_device(mountpoint)
+    device = mount_device(mountpoint)
     knob = f"/sys/class/bdi/{device}/read_ahead_kb"
     try:
         if device is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from nvfs.daemon import KERNEL_READAHEAD
+from nvfs.daemon import KERNEL_READAHEAD, mount_device
 from tests.conftest import nvfs
 
 
@@ -237,8 +237,7 @@ def test_the_kernel_reads_ahead_a_mebibyte_once_mount_returns(mount_factory):
         pytest.skip("only root may widen a mount's read-ahead")
     mount = mount_factory()
     mount.mount()
-    with open("/proc/self/mountinfo") as table:
-        device = [line.split()[2] for line in table if line.split()[4] == str(mount.mountpoint)][-1]
+    device = mount_device(str(mount.mountpoint))
     assert int(Path(f"/sys/class/bdi/{device}/read_ahead_kb").read_text()) == KERNEL_READAHEAD >> 10
 
 

@@ -171,18 +171,18 @@ def test_ans_frames_of_an_earlier_size_still_decode(gpu_ans, monkeypatch):
 
 
 def test_ans_through_the_c_api_is_the_bitstream_of_nvcomps_python_codec(gpu_ans):
-    """The batched C API (nvcomp_ans) writes byte for byte what nvCOMP's Python Codec writes,
-    which decodes its frames back, and a frame that does not decode to its size is counted."""
+    """The batched C API (nvcomp_ans) writes byte for byte what nvCOMP's Python Codec writes and
+    decodes those frames back; a frame that does not decode to its size is counted."""
     cp = pytest.importorskip("cupy")
     from nvidia import nvcomp
 
-    from nvfs.codec.device_tables import TableUploads  # here: importing them needs cupy
+    from nvfs.codec.device_tables import TableUploads, aligned  # here: importing them needs cupy
     from nvfs.codec.nvcomp_ans import AnsFrames
 
     stream = cp.cuda.Stream(non_blocking=True)
     frame = 512 << 10
     sizes = np.array([frame, frame, 200_000, 4096, 1])
-    starts = np.concatenate(([0], np.cumsum(-(-sizes // 256) * 256)[:-1]))
+    starts = np.concatenate(([0], np.cumsum(aligned(sizes))[:-1]))
     data = cp.asarray(np.frombuffer(float_bytes(ElementKind.BYTES, int(starts[-1] + sizes[-1]), seed=8),
                                     dtype=np.uint8))
     with stream:

@@ -308,9 +308,9 @@ class _Job:
 
 @dataclass
 class _NvcompDecode:
-    """A queued nvCOMP decode; what it reads and writes stays referenced until it is checked."""
+    """A queued decode by nvCOMP's Zstd; what it reads and writes stays referenced until it is
+    checked."""
 
-    codec: Codec
     decoded: object  # nvCOMP's output batch: its sizes are known once the stream is done
     sizes: list[int]
     buffers: tuple
@@ -319,7 +319,7 @@ class _NvcompDecode:
         """Raise :class:`CodecError` unless every frame decoded to its size. False: these frames
         were queued before the merge, which needs no second run for them."""
         if batch_sizes(self.decoded) != self.sizes:
-            raise CodecError(f"{self.codec.name.lower()} frames decoded to the wrong lengths (damaged chunk)")
+            raise CodecError("zstd frames decoded to the wrong lengths (damaged chunk)")
         return False
 
 
@@ -828,7 +828,7 @@ class GpuEngine:
         sources_batch = nvcomp.as_arrays(gathered, starts[:-1].tolist(), lengths.tolist(), self._stream.ptr)
         targets_batch = nvcomp.as_arrays(planes_buffer, targets.tolist(), sizes.tolist(), self._stream.ptr)
         decoded = self._zstd.decode(sources_batch, out=targets_batch)
-        return _NvcompDecode(codec, decoded, sizes.tolist(), (gathered, sources_batch, targets_batch))
+        return _NvcompDecode(decoded, sizes.tolist(), (gathered, sources_batch, targets_batch))
 
     def _copy_segments(self, *moves: tuple[cp.ndarray, cp.ndarray, object]) -> None:
         """Copy segments in one kernel: each move is a source buffer, a target buffer and rows of

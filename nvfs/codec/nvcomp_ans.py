@@ -7,8 +7,8 @@ behind 20 ms of GPU work, returned after those 20 ms, and another Python thread 
 fifth of its speed meanwhile: the GPU engine could not lay out one batch while the GPU
 coded another. The C API takes device arrays of frame pointers and sizes and only queues
 work; coded sizes, decoded sizes and statuses land in device memory, for the host to read
-once it needs them. The bitstream is the one the Python ``Codec`` writes (a GPU test checks
-both ways), so chunks written before this module decode alike.
+once it needs them. The bitstream is the one the Python ``Codec`` writes, byte for byte (a GPU
+test compares them), so chunks written before this module decode alike.
 """
 
 from __future__ import annotations
