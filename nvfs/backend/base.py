@@ -39,7 +39,7 @@ class Backend(ABC):
         """A short human-readable name (for logs and ``df``)."""
 
     @abstractmethod
-    def get(self, key: str, *, content_addressed: bool = False) -> bytes:
+    def get(self, key: str, *, content_addressed: bool = False) -> bytes | memoryview:
         """Return the whole object; raise :class:`ObjectNotFound` if it is absent.
 
         ``content_addressed``: the key names a checksum of the content that the caller

@@ -165,7 +165,7 @@ class StagedBackend(Backend):
 
     # ----- reads ----------------------------------------------------------------------------
 
-    def get(self, key: str, *, content_addressed: bool = False) -> bytes:
+    def get(self, key: str, *, content_addressed: bool = False) -> bytes | memoryview:
         try:
             return self.stage.get(key)
         except ObjectNotFound:

@@ -72,6 +72,6 @@ class Engine(Protocol):
         """
         ...
 
-    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray:
+    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
         """Return the original bytes; raise :class:`CodecError` on a damaged payload."""
         ...

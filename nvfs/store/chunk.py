@@ -92,7 +92,7 @@ def encode_chunk(data: bytes, engine: Engine, regions: list[Region] | None,
     return (header + encoded.params, encoded.payload), encoded
 
 
-def parse_header(blob: bytes) -> ChunkHeader:
+def parse_header(blob: bytes | memoryview) -> ChunkHeader:
     """Read and check the header of a chunk object."""
     if len(blob) < HEADER.size:
         raise ChunkCorrupt(f"object is {len(blob)} bytes, shorter than a chunk header")
@@ -110,7 +110,8 @@ def parse_header(blob: bytes) -> ChunkHeader:
     return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest, version, crc)
 
 
-def decode_chunk(blob: bytes, engine: Engine, expected_id: str, digest_of: ChunkHash) -> bytes | bytearray:
+def decode_chunk(blob: bytes | memoryview, engine: Engine, expected_id: str,
+                 digest_of: ChunkHash) -> bytes | bytearray | memoryview:
     """Decode a chunk object and verify, with the store's hash, that it is the chunk ``expected_id``."""
     header = parse_header(blob)
     # The hash can only be checked after decoding; an engine whose decoder may fault on
@@ -120,7 +121,7 @@ def decode_chunk(blob: bytes, engine: Engine, expected_id: str, digest_of: Chunk
         raise ChunkCorrupt("CRC mismatch: the stored bytes are damaged")
     params_end = HEADER.size + header.params_length
     payload = memoryview(blob)[params_end:]  # a view, not a copy: the payload is most of the object
-    encoded = Encoded(header.codec, header.transform, blob[HEADER.size : params_end], payload)
+    encoded = Encoded(header.codec, header.transform, bytes(blob[HEADER.size : params_end]), payload)
     try:
         data = engine.decode(encoded, header.raw_length)
     except CodecError as exc:

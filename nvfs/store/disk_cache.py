@@ -94,7 +94,7 @@ class ChunkFileCache:
             return None
         return blob
 
-    def put(self, cid: str, blob: bytes) -> None:
+    def put(self, cid: str, blob: bytes | memoryview) -> None:
         """Keep a verified object; a failure (a full disk) only means it is not cached."""
         path = self._path(cid)
         if path.exists():

@@ -262,7 +262,7 @@ class Store:
         """Whether a chunk this mount stored at ``stored_at`` cannot have been collected since."""
         return not self.backend.shared or time.time() - stored_at < self.gc_grace / 2
 
-    def get_chunk(self, ref: ChunkRef) -> bytes | bytearray:
+    def get_chunk(self, ref: ChunkRef) -> bytes | bytearray | memoryview:
         """The verified uncompressed bytes of a chunk; raises :class:`ChunkCorrupt`.
 
         With a disk cache, a cached copy is used if it verifies; one that does not is
@@ -288,7 +288,7 @@ class Store:
             self.disk_cache.put(ref.id, blob)
         return data
 
-    def _decode(self, blob: bytes, ref: ChunkRef) -> bytes | bytearray:
+    def _decode(self, blob: bytes | memoryview, ref: ChunkRef) -> bytes | bytearray | memoryview:
         data = decode_chunk(blob, self.engine, ref.id, self.digest_of)
         if len(data) != ref.length:
             raise ChunkCorrupt(f"chunk holds {len(data)} bytes, manifest says {ref.length}")
