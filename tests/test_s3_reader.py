@@ -18,12 +18,14 @@ from nvfs.backend.s3 import S3Backend
 from tests.seaweed import SeaweedServer
 
 
-@pytest.fixture
-def backend(own_server: SeaweedServer, monkeypatch) -> S3Backend:
+@pytest.fixture(params=["prefix", "run 1/ü+%x"])
+def backend(own_server: SeaweedServer, monkeypatch, request) -> S3Backend:
+    """A backend whose prefix is plain, or has characters that the signed path must encode."""
     for name, value in own_server.environ().items():
         monkeypatch.setenv(name, value)
     own_server.create_bucket("reader")
-    backend = S3Backend("s3://reader/prefix", endpoint_url=own_server.endpoint_url, max_attempts=3)
+    backend = S3Backend(f"s3://reader/{request.param}", endpoint_url=own_server.endpoint_url,
+                        max_attempts=3)
     yield backend
     backend.close()
 
