@@ -6,6 +6,7 @@ transform parameters); the store records those in the chunk header so that any e
 on any machine can decode it.
 """
 
+import importlib.util
 import logging
 
 from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Engine, Transform
@@ -36,6 +37,7 @@ def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "portable")
             raise CodecError("codec=ans needs the GPU engine: ANS has no CPU coder (use codec=portable)")
         return CpuEngine(level=level)
     try:
+        _check_gpu_packages()
         from nvfs.codec.gpu import GpuEngine
 
         return GpuEngine(level=level, device=gpu, codec=codec)
@@ -45,3 +47,22 @@ def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "portable")
                              f"usable: {exc}") from exc
         log.info("engine=auto: using the CPU engine (%s)", exc)
         return CpuEngine(level=level)
+
+
+def _check_gpu_packages() -> None:
+    """Raise ImportError naming what the GPU engine lacks, before importing any of it.
+
+    On a machine with CuPy but no nvCOMP, importing CuPy alone left 170 MB of CUDA libraries
+    in a daemon that then ran the CPU engine (idle RSS 226 MiB instead of 58, on the GPU host).
+    """
+    missing = [name for name in ("cupy", "nvidia.nvcomp", "nvidia.libnvcomp") if not _installed(name)]
+    if missing:
+        raise ImportError(f"the GPU engine needs cupy and nvidia-nvcomp (pip install nvfs[cu13]); missing: "
+                          f"{', '.join(missing)}")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
