@@ -112,8 +112,20 @@ class S3Backend(Backend):
         context = None
         if parts.scheme == "https":
             context = ssl.create_default_context(cafile=session._session.get_config_variable("ca_bundle"))
-        return ObjectReader(base_url, self._client.meta.region_name, credentials.get_frozen_credentials,
-                            ssl_context=context, **settings)
+        reader = ObjectReader(base_url, self._client.meta.region_name, credentials.get_frozen_credentials,
+                              ssl_context=context, **settings)
+        # boto3 follows a bucket's region redirects; the reader does not. A GET of a key that
+        # does not exist must come back "not found": a wrong region or endpoint, or a policy
+        # that hides missing keys, leaves chunks to boto3.
+        try:
+            reader.get(self._key(ObjectReader.PROBE_KEY))
+        except ObjectNotFound:
+            return reader
+        except BackendError as exc:
+            log.info("%s: chunk GETs go through boto3 (a direct GET answered: %s)", self.url, exc)
+            reader.close()
+            return None
+        return reader
 
     def describe(self) -> str:
         return self.url

@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 _RETRIED_STATUS = {429, 500, 502, 503, 504}
 _ERROR_CODE = re.compile(rb"<Code>([^<]+)</Code>")
-_PROBE_KEY = "nvfs-url-probe"
 _BACKOFF_BASE = 0.1  # seconds before the first retry; doubled each time, jittered
 _BACKOFF_CAP = 5.0
 _IDLE_CONNECTIONS = 64
@@ -47,6 +46,8 @@ _IDLE_CONNECTIONS = 64
 
 class ObjectReader:
     """Whole-object GETs from one bucket; thread-safe."""
+
+    PROBE_KEY = "nvfs-url-probe"  # a key nvfs never writes
 
     def __init__(self, base_url: str, region: str, credentials: Callable[[], ReadOnlyCredentials], *,
                  connect_timeout: float, read_timeout: float, max_attempts: int,
@@ -67,15 +68,15 @@ class ObjectReader:
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
-    @staticmethod
-    def base_url_of(presign: Callable[[str], str]) -> str | None:
+    @classmethod
+    def base_url_of(cls, presign: Callable[[str], str]) -> str | None:
         """The URL that object keys are appended to, from a presigned URL of a probe key.
 
         The client's endpoint rules (path or virtual-host addressing, regional endpoints,
         a custom ``endpoint_url``) decide it; ``None`` if the URL is not of that shape.
         """
-        url = presign(_PROBE_KEY).partition("?")[0]
-        return url[: -len(_PROBE_KEY)] if url.endswith("/" + _PROBE_KEY) else None
+        url = presign(cls.PROBE_KEY).partition("?")[0]
+        return url[: -len(cls.PROBE_KEY)] if url.endswith("/" + cls.PROBE_KEY) else None
 
     def get(self, key: str) -> memoryview:
         """The whole object ``key`` (its full name in the bucket)."""
