@@ -19,7 +19,7 @@ from tests.seaweed import SeaweedServer
 
 
 @pytest.fixture(params=["prefix", "run 1/ü+%x"])
-def backend(own_server: SeaweedServer, monkeypatch, request) -> S3Backend:
+def reader_backend(own_server: SeaweedServer, monkeypatch, request) -> S3Backend:
     """A backend whose prefix is plain, or has characters that the signed path must encode."""
     for name, value in own_server.environ().items():
         monkeypatch.setenv(name, value)
@@ -30,25 +30,25 @@ def backend(own_server: SeaweedServer, monkeypatch, request) -> S3Backend:
     backend.close()
 
 
-def test_chunks_come_whole_and_missing_ones_are_reported(backend):
+def test_chunks_come_whole_and_missing_ones_are_reported(reader_backend):
     data = os.urandom((3 << 20) + 17)
-    backend.put("chunks/ab/abcd", data, durable=True)
-    got = backend.get("chunks/ab/abcd", content_addressed=True)
+    reader_backend.put("chunks/ab/abcd", data, durable=True)
+    got = reader_backend.get("chunks/ab/abcd", content_addressed=True)
     assert isinstance(got, memoryview), "chunk GETs should bypass the boto3 client"
     assert got == data
-    assert backend.get("chunks/ab/abcd") == data  # other objects go through boto3, checksummed
+    assert reader_backend.get("chunks/ab/abcd") == data  # other objects go through boto3, checksummed
     with pytest.raises(ObjectNotFound):
-        backend.get("chunks/ab/missing", content_addressed=True)
+        reader_backend.get("chunks/ab/missing", content_addressed=True)
 
 
-def test_dead_endpoint_fails_after_retries_then_recovers(backend, own_server):
+def test_dead_endpoint_fails_after_retries_then_recovers(reader_backend, own_server):
     data = os.urandom(1 << 20)
-    backend.put("chunks/cd/cdef", data, durable=True)
-    assert backend.get("chunks/cd/cdef", content_addressed=True) == data  # leaves a pooled connection
+    reader_backend.put("chunks/cd/cdef", data, durable=True)
+    assert reader_backend.get("chunks/cd/cdef", content_addressed=True) == data  # leaves a pooled connection
     own_server.stop(timeout=0)
     started = time.monotonic()
     with pytest.raises(BackendError, match="after 3 attempts"):
-        backend.get("chunks/cd/cdef", content_addressed=True)
+        reader_backend.get("chunks/cd/cdef", content_addressed=True)
     assert time.monotonic() - started < 30
     own_server.start()
-    assert backend.get("chunks/cd/cdef", content_addressed=True) == data
+    assert reader_backend.get("chunks/cd/cdef", content_addressed=True) == data
