@@ -55,7 +55,7 @@ class ObjectReader:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"cannot GET from {base_url!r}")
-        self._base_url = base_url
+        self._origin = f"{parts.scheme}://{parts.netloc}"
         self._base_path = parts.path
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
@@ -121,7 +121,7 @@ class ObjectReader:
         raise BackendError(f"GET {key}: HTTP {response.status} {code}".rstrip())
 
     def _signed_headers(self, path: str) -> dict[str, str]:
-        request = AWSRequest(method="GET", url=urllib.parse.urljoin(self._base_url, path))
+        request = AWSRequest(method="GET", url=self._origin + path)
         S3SigV4Auth(self._credentials(), "s3", self._region).add_auth(request)
         return dict(request.headers.items())
 

@@ -52,8 +52,8 @@ def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "portable")
 def _check_gpu_packages() -> None:
     """Raise ImportError naming what the GPU engine lacks, before importing any of it.
 
-    On a machine with CuPy but no nvCOMP, importing CuPy alone left 170 MB of CUDA libraries
-    in a daemon that then ran the CPU engine (idle RSS 226 MiB instead of 58, on the GPU host).
+    On a machine with CuPy but no nvCOMP, importing CuPy alone left CUDA libraries in a daemon
+    that then ran the CPU engine: idle RSS 226.5 MiB instead of 59.5, on the GPU host.
     """
     missing = [name for name in ("cupy", "nvidia.nvcomp", "nvidia.libnvcomp") if not _installed(name)]
     if missing:
