@@ -19,7 +19,7 @@ from nvfs.backend import Backend, BackendError, StagedBackend, open_backend
 from nvfs.codec import CodecError, make_engine
 from nvfs.daemon import default_log_file, run_in_background, serve, setup_logging
 from nvfs.options import MountOptions, OptionError, parse_options
-from nvfs.store import ChunkFileCache, DiskCacheError, Store, StoreError
+from nvfs.store import ChunkFileCache, DiskCacheError, FetchPool, Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
 SHARED_METADATA_TTL = 5.0  # seconds until a file another mount committed is listed here
@@ -112,7 +112,11 @@ def open_store(backend: Backend, options: MountOptions, disk_cache: ChunkFileCac
     Called in the daemon process, after the fork: a CUDA context does not survive ``fork``.
     """
     engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
-    return Store.open(backend, engine, options.gc_grace, disk_cache)
+    fetch_pool = None
+    if options.fetch_procs and engine.name == "cpu":  # the GPU engine decodes on the GPU, here
+        lanes = -(-options.vfs.threads // options.fetch_procs)
+        fetch_pool = FetchPool(options.fetch_procs, lanes, options.vfs.chunk_size)
+    return Store.open(backend, engine, options.gc_grace, disk_cache, fetch_pool)
 
 
 def _report_foreground(error: str | None) -> None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nvfs.backend.http_get import SignedGet
 
 Buffer = bytes | bytearray | memoryview
 
@@ -46,6 +50,14 @@ class Backend(ABC):
         verifies (chunks). Such an object never changes, so it may be served from a local
         copy, and transport checksums add nothing to it.
         """
+
+    def signed_get(self, key: str) -> SignedGet | None:
+        """A GET of the content-addressed object ``key`` that another process may send.
+
+        ``None`` where the object is not fetched over HTTP by a lean reader (a directory,
+        a staged copy, an S3 store whose chunks go through boto3).
+        """
+        return None
 
     @abstractmethod
     def put(self, key: str, data: bytes, *, durable: bool) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import ssl
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from nvfs.backend.base import Backend, BackendError, ObjectNotFound
+from nvfs.backend.http_get import SignedGet
 from nvfs.backend.s3_reader import ObjectReader
 
 log = logging.getLogger(__name__)
@@ -109,11 +109,8 @@ class S3Backend(Backend):
         if proxied and not urllib.request.proxy_bypass(parts.hostname or ""):
             log.info("%s: chunk GETs go through boto3 (a proxy is configured)", self.url)
             return None
-        context = None
-        if parts.scheme == "https":
-            context = ssl.create_default_context(cafile=session._session.get_config_variable("ca_bundle"))
         reader = ObjectReader(base_url, self._client.meta.region_name, credentials.get_frozen_credentials,
-                              ssl_context=context, **settings)
+                              ca_bundle=session._session.get_config_variable("ca_bundle"), **settings)
         # boto3 follows a bucket's region redirects; the reader does not. A GET of a key that
         # does not exist must come back "not found": a wrong region or endpoint, or a policy
         # that hides missing keys, leaves chunks to boto3.
@@ -141,6 +138,9 @@ class S3Backend(Backend):
         checks = {} if content_addressed else {"ChecksumMode": "ENABLED"}
         with _failures("GET", key):
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key), **checks)["Body"].read()
+
+    def signed_get(self, key: str) -> SignedGet | None:
+        return self._reader.signed_get(self._key(key)) if self._reader is not None else None
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
         with _failures("PUT", key):

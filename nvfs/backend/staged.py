@@ -26,6 +26,7 @@ from pathlib import Path
 
 from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound
 from nvfs.backend.directory import DirectoryBackend
+from nvfs.backend.http_get import SignedGet
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,9 @@ class StagedBackend(Backend):
             return self.stage.get(key)
         except ObjectNotFound:
             return self.remote.get(key, content_addressed=content_addressed)
+
+    def signed_get(self, key: str) -> SignedGet | None:
+        return None if self.stage.exists(key) else self.remote.signed_get(key)
 
     def exists(self, key: str) -> bool:
         return self.stage.exists(key) or self.remote.exists(key)

@@ -23,6 +23,7 @@ from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import Engine, LayoutTracker, Region
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
+from nvfs.store.fetch_pool import FetchPool, FetchProcessFailed
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 
 log = logging.getLogger(__name__)
@@ -148,14 +149,17 @@ class Store:
     """Files, directories and symlinks of one nvfs store on one backend."""
 
     def __init__(self, backend: Backend, engine: Engine, superblock: dict,
-                 gc_grace: float | None = None, disk_cache: ChunkFileCache | None = None) -> None:
+                 gc_grace: float | None = None, disk_cache: ChunkFileCache | None = None,
+                 fetch_pool: FetchPool | None = None) -> None:
         self.backend = backend
         self.engine = engine
         self.disk_cache = disk_cache
+        self.fetch_pool = fetch_pool
         self.superblock = superblock
         self.version = int(superblock["nvfs_store"])
+        self.hash_name = superblock.get("hash", "sha256")
         try:
-            self.digest_of = chunk_hash(superblock.get("hash", "sha256"))
+            self.digest_of = chunk_hash(self.hash_name)
         except KeyError as exc:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY}: {exc.args[0]}") from None
         # On a shared backend another mount may be about to name a chunk that no manifest
@@ -171,7 +175,7 @@ class Store:
 
     @classmethod
     def open(cls, backend: Backend, engine: Engine, gc_grace: float | None = None,
-             disk_cache: ChunkFileCache | None = None) -> Store:
+             disk_cache: ChunkFileCache | None = None, fetch_pool: FetchPool | None = None) -> Store:
         """Open the store on ``backend``, creating it if the backend is empty."""
         try:
             superblock = json.loads(backend.get(SUPERBLOCK_KEY))
@@ -188,7 +192,7 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
-        store = cls(backend, engine, superblock, gc_grace, disk_cache)  # refuses an unknown hash
+        store = cls(backend, engine, superblock, gc_grace, disk_cache, fetch_pool)  # refuses an unknown hash
         backend.discard_incomplete()
         return store
 
@@ -277,8 +281,13 @@ class Store:
                     log.warning("disk cache: copy of chunk %s is damaged (%s): fetching it again",
                                 ref.id, exc)
                     self.disk_cache.discard(ref.id)
+        key = self.chunk_key(ref.id)
         try:
-            blob = self.backend.get(self.chunk_key(ref.id), content_addressed=True)
+            if self.fetch_pool is not None and self.disk_cache is None:
+                data = self._fetch_elsewhere(key, ref)
+                if data is not None:
+                    return data
+            blob = self.backend.get(key, content_addressed=True)
         except ObjectNotFound:
             raise ChunkCorrupt("chunk object is missing") from None
         except BackendError as exc:
@@ -287,6 +296,18 @@ class Store:
         if self.disk_cache is not None:
             self.disk_cache.put(ref.id, blob)
         return data
+
+    def _fetch_elsewhere(self, key: str, ref: ChunkRef) -> memoryview | None:
+        """The chunk as a fetch process GETs, decodes and checks it; ``None``: read it here."""
+        assert self.fetch_pool is not None
+        request = self.backend.signed_get(key)
+        if request is None:
+            return None
+        try:
+            return self.fetch_pool.fetch(request, ref.id, ref.length, self.hash_name)
+        except FetchProcessFailed as exc:
+            log.warning("chunk %s: %s: reading it in the daemon", ref.id, exc)
+            return None
 
     def _decode(self, blob: bytes | memoryview, ref: ChunkRef) -> bytes | bytearray | memoryview:
         data = decode_chunk(blob, self.engine, ref.id, self.digest_of)
@@ -440,4 +461,6 @@ class Store:
         return count, freed
 
     def close(self) -> None:
+        if self.fetch_pool is not None:
+            self.fetch_pool.close()
         self.backend.close()

@@ -1,0 +1,164 @@
+"""Whole-object HTTP GETs into one buffer: the transport under the S3 chunk reader.
+
+Kept apart from the signing (:mod:`nvfs.backend.s3_reader`) so that a fetch process
+(:mod:`nvfs.store.fetch_processes`) can run GETs that the daemon signed without importing
+botocore. A body is read with ``readinto`` straight into an uninitialised buffer: the
+socket reads run without the GIL and nothing is copied. Failures are retried like boto3's
+standard mode: throttling, 5xx and dropped connections, with jittered exponential backoff.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import random
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+import numpy as np
+
+from nvfs.backend.base import BackendError, ObjectNotFound
+
+log = logging.getLogger(__name__)
+
+_RETRIED_STATUS = {429, 500, 502, 503, 504}
+_ERROR_CODE = re.compile(rb"<Code>([^<]+)</Code>")
+_BACKOFF_BASE = 0.1  # seconds before the first retry; doubled each time, jittered
+BACKOFF_CAP = 5.0  # seconds between attempts, at most
+_IDLE_CONNECTIONS = 64
+
+
+@dataclass(frozen=True)
+class GetterSettings:
+    """Where and how to GET: everything a fetch process needs to make its own getter."""
+
+    origin: str  # scheme://host[:port]
+    connect_timeout: float
+    read_timeout: float
+    max_attempts: int
+    ca_bundle: str | None = None  # None: the system's default CAs (https only)
+
+
+@dataclass(frozen=True)
+class SignedGet:
+    """One signed GET of a whole object, ready for any getter made from ``settings``."""
+
+    settings: GetterSettings
+    key: str  # the object's name, for messages
+    path: str
+    headers: dict[str, str]
+
+
+class ObjectGetter:
+    """GETs of whole objects from one origin, on a small pool of connections; thread-safe."""
+
+    def __init__(self, settings: GetterSettings) -> None:
+        parts = urllib.parse.urlsplit(settings.origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"cannot GET from {settings.origin!r}")
+        self.settings = settings
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._ssl_context = ssl.create_default_context(cafile=settings.ca_bundle) if self._https else None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def get(self, key: str, path: str, headers: dict[str, str]) -> memoryview:
+        """The whole object at ``path`` (``key`` names it in errors), sent with ``headers``.
+
+        Signed headers stay valid for minutes, far longer than all the retries take.
+        """
+        for attempt in range(1, self.settings.max_attempts + 1):
+            try:
+                return self._get_once(key, path, headers)
+            except _Retry as reason:
+                if attempt == self.settings.max_attempts:
+                    raise BackendError(f"GET {key}: {reason} (after {attempt} attempts)") from None
+                delay = random.uniform(0, min(BACKOFF_CAP, _BACKOFF_BASE * 2 ** (attempt - 1)))
+                log.debug("GET %s: %s; retrying in %.2f s", key, reason, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _get_once(self, key: str, path: str, headers: dict[str, str]) -> memoryview:
+        connection = self._idle_connection()
+        reused = connection is not None
+        try:
+            if connection is None:
+                connection = self._connect()
+            connection.request("GET", path, headers=headers)
+            response = connection.getresponse()
+            if response.status == 200:
+                body = self._read_body(response)
+                self._release(connection, response)
+                return body
+            error = response.read()
+            self._release(connection, response)
+        except (OSError, http.client.HTTPException) as exc:
+            if connection is not None:
+                connection.close()
+            if reused and not isinstance(exc, TimeoutError):
+                return self._get_once(key, path, headers)  # the server closed an idle connection
+            raise _Retry(f"connection failed: {exc}") from None
+        match = _ERROR_CODE.search(error)
+        code = match.group(1).decode(errors="replace") if match else ""
+        if response.status == 404:
+            raise ObjectNotFound(key)
+        if response.status in _RETRIED_STATUS or "Throttl" in code or code == "SlowDown":
+            raise _Retry(f"HTTP {response.status} {code}".rstrip())
+        raise BackendError(f"GET {key}: HTTP {response.status} {code}".rstrip())
+
+    @staticmethod
+    def _read_body(response: http.client.HTTPResponse) -> memoryview:
+        length = response.length
+        if length is None:  # chunked transfer: no length to read into
+            return memoryview(response.read())
+        body = memoryview(np.empty(length, dtype=np.uint8))
+        received = 0
+        while received < length:
+            count = response.readinto(body[received:])
+            if not count:
+                raise http.client.IncompleteRead(bytes(0), length - received)
+            received += count
+        return body
+
+    def _idle_connection(self) -> http.client.HTTPConnection | None:
+        with self._lock:
+            return self._idle.pop() if self._idle else None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        timeout = self.settings.connect_timeout
+        if self._https:
+            connection: http.client.HTTPConnection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=timeout, context=self._ssl_context)
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        connection.connect()
+        assert connection.sock is not None
+        connection.sock.settimeout(self.settings.read_timeout)
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return connection
+
+    def _release(self, connection: http.client.HTTPConnection, response: http.client.HTTPResponse) -> None:
+        if response.will_close:
+            connection.close()
+            return
+        with self._lock:
+            if len(self._idle) < _IDLE_CONNECTIONS:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+
+class _Retry(Exception):
+    """A failure worth another attempt."""

@@ -1,0 +1,90 @@
+"""A fetch process (see :mod:`nvfs.store.fetch_pool`): ``python -m nvfs.store.fetch_child FD...``.
+
+The arguments are pairs of inherited descriptors, one pair per lane: a SOCK_SEQPACKET
+socket and the memfd that the decoded chunk goes into. Each lane is served by a thread;
+the process exits when every lane's socket is closed. It imports no boto3 or botocore:
+requests come signed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+import socket
+import sys
+import threading
+
+import numpy as np
+
+from nvfs.backend import BackendError, ObjectNotFound
+from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
+from nvfs.codec import CpuEngine, Engine
+from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
+from nvfs.store.fetch_pool import READY
+
+_REQUEST_LIMIT = 1 << 16
+
+
+class _Getters:
+    """One getter (and its connection pool) per endpoint, shared by the lanes."""
+
+    def __init__(self) -> None:
+        self._getters: dict[GetterSettings, ObjectGetter] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, settings: GetterSettings) -> ObjectGetter:
+        with self._lock:
+            getter = self._getters.get(settings)
+            if getter is None:
+                getter = self._getters[settings] = ObjectGetter(settings)
+            return getter
+
+
+def _decoded(request: SignedGet, chunk_id: str, length: int, hash_name: str,
+             engine: Engine, getters: _Getters) -> bytes | bytearray | memoryview:
+    """The chunk, checked as :meth:`nvfs.store.Store.get_chunk` checks it."""
+    blob = getters(request.settings).get(request.key, request.path, request.headers)
+    data = decode_chunk(blob, engine, chunk_id, chunk_hash(hash_name))
+    if len(data) != length:
+        raise ChunkCorrupt(f"chunk holds {len(data)} bytes, manifest says {length}")
+    return data
+
+
+def _serve(lane: socket.socket, memfd: int, engine: Engine, getters: _Getters) -> None:
+    slot: mmap.mmap | None = None
+    lane.send(READY)
+    while True:
+        message = lane.recv(_REQUEST_LIMIT)
+        if not message:
+            return
+        size, request, chunk_id, length, hash_name = pickle.loads(message)
+        if slot is None or len(slot) != size:
+            slot = mmap.mmap(memfd, size)
+        try:
+            data = _decoded(request, chunk_id, length, hash_name, engine, getters)
+            np.frombuffer(slot, dtype=np.uint8, count=length)[:] = np.frombuffer(data, dtype=np.uint8)
+            reply = ("ok", "")
+        except ObjectNotFound as exc:
+            reply = ("missing", str(exc))
+        except ChunkCorrupt as exc:
+            reply = ("corrupt", str(exc))
+        except BackendError as exc:
+            reply = ("unreadable", str(exc))
+        except Exception as exc:  # anything else would only kill the lane: report it instead
+            reply = ("unreadable", f"fetch process: {type(exc).__name__}: {exc}")
+        lane.send(pickle.dumps(reply))
+
+
+def main(fds: list[int]) -> None:
+    engine = CpuEngine()
+    getters = _Getters()
+    lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fds[i]), fds[i + 1], engine, getters))
+             for i in range(0, len(fds), 2)]
+    for thread in lanes:
+        thread.start()
+    for thread in lanes:
+        thread.join()
+
+
+if __name__ == "__main__":
+    main([int(arg) for arg in sys.argv[1:]])

@@ -1,0 +1,134 @@
+"""Fetch processes (``-o fetch_procs=N``, nvfs/store/fetch_pool.py) on a real S3 mount.
+
+Reads go through child processes that GET, decode and verify chunks: the bytes must come
+back exact, a damaged or missing chunk must still be EIO naming the file and chunk, and a
+child that dies must cost nothing but a warning (its chunks are read in the daemon and a
+new child takes over).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from nvfs.backend.http_get import GetterSettings, SignedGet
+from nvfs.store.fetch_pool import FetchPool, FetchProcessFailed
+from tests.conftest import drop_cache, wait_until_dead
+
+MIB = 1 << 20
+
+
+def _checkpoint_like(size: int, seed: int) -> bytes:
+    """bf16-like values (a compressible exponent byte) with runs of zeros, as optimizer rows have."""
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal(size // 4) * 0.02).astype(np.float32)
+    data = bytearray((values.view(np.uint32) >> 16).astype(np.uint16).tobytes() * 2)
+    data[size // 3 : size // 3 + MIB] = bytes(MIB)
+    return bytes(data)
+
+
+def _fetch_children(daemon_pid: int) -> list[int]:
+    """PIDs of the daemon's fetch processes."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        if parent == daemon_pid and b"nvfs.store.fetch_child" in command:
+            found.append(int(pid))
+    return sorted(found)
+
+
+@pytest.fixture
+def stored(mount_factory):
+    """An S3 store with two files of 1 MiB chunks, mounted with two fetch processes, page cache cold."""
+    mount = mount_factory(options=("chunk_size=1M", "fetch_procs=2", "threads=4"), backend="s3")
+    mount.mount()
+    files = {"a.bin": _checkpoint_like(9 * MIB + 123, 1), "b.bin": _checkpoint_like(6 * MIB, 2)}
+    for name, data in files.items():
+        (mount.path / name).write_bytes(data)
+    mount.remount()
+    for name in files:
+        drop_cache(mount.path / name)
+    return mount, files
+
+
+def test_reads_through_fetch_processes_are_exact(stored):
+    mount, files = stored
+    for name, data in files.items():
+        assert (mount.path / name).read_bytes() == data
+    children = _fetch_children(mount.daemon_pid())
+    assert len(children) == 2, f"expected 2 fetch processes, found {children}"
+    assert "reading it in the daemon" not in mount.log()
+    mount.umount()
+    for pid in children:
+        wait_until_dead(pid, 10, "unmount")
+
+
+def _chunk_ids(mount, name: str) -> list[str]:
+    return [ref[0] for ref in json.loads(mount.read_object(f"tree/{name}"))["chunks"]]
+
+
+def test_damaged_and_missing_chunks_are_eio_naming_file_and_chunk(stored):
+    mount, files = stored
+    ids = _chunk_ids(mount, "a.bin")
+    key = f"chunks/{ids[2][:2]}/{ids[2]}"
+    blob = bytearray(mount.read_object(key))
+    blob[-100] ^= 0x40
+    mount.write_object(key, bytes(blob))
+    mount.delete_object(f"chunks/{ids[5][:2]}/{ids[5]}")
+    with open(mount.path / "a.bin", "rb") as f:
+        assert f.read(2 * MIB) == files["a.bin"][: 2 * MIB]  # the chunks before are fine
+        for index in (2, 5):
+            f.seek(index * MIB)
+            with pytest.raises(OSError) as failure:
+                f.read(MIB)
+            assert failure.value.errno == errno.EIO
+            assert f"/a.bin: chunk {index} ({ids[index]})" in mount.log()
+    assert "chunk object is missing" in mount.log()
+    assert "failed verification" in mount.log()
+    assert (mount.path / "b.bin").read_bytes() == files["b.bin"]
+
+
+def test_a_killed_fetch_process_is_replaced(stored):
+    mount, files = stored
+    with open(mount.path / "a.bin", "rb") as f:
+        assert f.read(MIB) == files["a.bin"][:MIB]
+    daemon = mount.daemon_pid()
+    before = _fetch_children(daemon)
+    assert before, "no fetch process served the first read"
+    for pid in before:
+        os.kill(pid, signal.SIGKILL)
+    # Reads of chunks not yet cached: the first meets a dead child and is read in the daemon.
+    assert (mount.path / "b.bin").read_bytes() == files["b.bin"]
+    assert (mount.path / "a.bin").read_bytes() == files["a.bin"]
+    assert "starting another" in mount.log()
+    after = _fetch_children(daemon)
+    assert after and not set(after) & set(before), f"children before {before}, after {after}"
+
+
+def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
+    """A child that dies before serving anything is not restarted: every read would pay for it."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    pool = FetchPool(processes=1, lanes=2, slot_size=MIB)
+    request = SignedGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x", {})
+    try:
+        with pytest.raises(FetchProcessFailed, match="did not start|before it was ready"):
+            pool.fetch(request, "ab" * 32, MIB, "blake3")
+        with pytest.raises(FetchProcessFailed, match="off"):
+            pool.fetch(request, "ab" * 32, MIB, "blake3")
+    finally:
+        pool.close()
+    assert "exited before it was ready" in caplog.text
