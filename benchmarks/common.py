@@ -34,6 +34,34 @@ def proc_status(pid: int, key: str) -> int | None:
     return None  # a zombie has no Vm* lines
 
 
+def children_of(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (an nvfs daemon's fetch processes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def tree_status(pid: int, key: str) -> int | None:
+    """:func:`proc_status` summed over ``pid`` and its children (shared pages counted in each)."""
+    own = proc_status(pid, key)
+    if own is None:
+        return None
+    return own + sum(proc_status(child, key) or 0 for child in children_of(pid))
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """:func:`cpu_seconds` of ``pid`` plus its live children's."""
+    if pid is None:
+        return math.nan
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children_of(pid))
+
+
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU seconds of a process so far (NaN if it is gone)."""
     if pid is None:

@@ -192,8 +192,12 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
+        if fetch_pool is not None and backend.signed_get(CHUNK_PREFIX + "probe") is None:
+            fetch_pool = None  # chunks do not come by signed GETs here: nothing for the processes to do
         store = cls(backend, engine, superblock, gc_grace, disk_cache, fetch_pool)  # refuses an unknown hash
         backend.discard_incomplete()
+        if fetch_pool is not None:
+            fetch_pool.start()
         return store
 
     @staticmethod
