@@ -39,7 +39,7 @@ Everything runs against one local SeaweedFS S3 server that this script starts
    ``write`` calls of semi-compressible data (normal floats rounded to bf16 precision, every 4 MiB
    block distinct so nothing dedups), then reading it back with ``cat``. VmRSS is sampled every
    0.2 s from ``/proc/PID/status`` in a thread, VmHWM is read at the end, each summed over the
-   daemon and its fetch processes (``-o fetch_procs``; their shared slots count twice); the bound is
+   daemon and its fetch processes (``-o fetch_procs``; the slots they share counted once); the bound is
    ``cache_size + max_inflight + 256 MiB`` of the options the mounts use.
 
 Run as root (FUSE, drop_caches)::
@@ -678,8 +678,8 @@ def part2(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
 class RssSampler(threading.Thread):
     """Samples the VmRSS of a daemon and its fetch processes every ``RSS_INTERVAL`` seconds.
 
-    Summed, so pages they share (the fetch processes' slots) count twice: an overstatement.
-    Remembers the peak and its phase.
+    Their shared slots are counted once (:func:`benchmarks.common.tree_status`). Remembers the
+    peak and its phase.
     """
 
     def __init__(self, pid: int) -> None:

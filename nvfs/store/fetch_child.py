@@ -8,6 +8,7 @@ requests come signed.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import pickle
 import socket
@@ -23,6 +24,7 @@ from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
 from nvfs.store.fetch_pool import READY
 
 _REQUEST_LIMIT = 1 << 16
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt(3) parameters
 
 
 class _Getters:
@@ -75,7 +77,24 @@ def _serve(lane: socket.socket, memfd: int, engine: Engine, getters: _Getters) -
         lane.send(pickle.dumps(reply))
 
 
+def _one_heap() -> None:
+    """Serve every buffer from one heap that keeps at most 16 MiB free.
+
+    With glibc's defaults each lane's thread gets its own arena, and once a 4 MiB buffer has
+    been freed its successors come from that arena, which keeps them: four children of four
+    lanes summed to 1.11 GiB (VmHWM) on a 2 GiB restore.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc
+    libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
+    libc.mallopt(_M_TRIM_THRESHOLD, 16 << 20)
+    libc.mallopt(_M_ARENA_MAX, 1)
+
+
 def main(fds: list[int]) -> None:
+    _one_heap()
     engine = CpuEngine()
     getters = _Getters()
     lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fds[i]), fds[i + 1], engine, getters))
