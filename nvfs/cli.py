@@ -113,8 +113,7 @@ def open_store(backend: Backend, options: MountOptions, disk_cache: ChunkFileCac
     """
     engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
     fetch_pool = None
-    # The GPU engine decodes here, on the GPU; chunks from a disk cache are read here too.
-    if options.fetch_procs and engine.name == "cpu" and disk_cache is None:
+    if options.fetch_procs:  # as many lanes in all as worker threads
         lanes = -(-options.vfs.threads // options.fetch_procs)
         fetch_pool = FetchPool(options.fetch_procs, lanes, options.vfs.chunk_size)
     return Store.open(backend, engine, options.gc_grace, disk_cache, fetch_pool)

@@ -132,3 +132,16 @@ def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
     finally:
         pool.close()
     assert "exited before it was ready" in caplog.text
+
+
+def test_no_fetch_processes_with_a_disk_cache(mount_factory, tmp_path):
+    """Objects kept in ``cache_dir`` are fetched in the daemon, so no child is started for them."""
+    (tmp_path / "cache").mkdir()
+    mount = mount_factory(options=("fetch_procs=2", f"cache_dir={tmp_path / 'cache'}"), backend="s3")
+    mount.mount()
+    data = _checkpoint_like(5 * MIB, 3)
+    (mount.path / "c.bin").write_bytes(data)
+    mount.remount()
+    drop_cache(mount.path / "c.bin")
+    assert (mount.path / "c.bin").read_bytes() == data
+    assert _fetch_children(mount.daemon_pid()) == []

@@ -6,7 +6,8 @@ it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, whil
 same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
 child process, with its own interpreter and GIL, GETs, decodes and verifies each chunk;
 the daemon signs the GET, waits without the GIL and copies the decoded bytes out of
-memory it shares with the child.
+memory it shares with the child. With 4 children of 4 lanes that cat ran at 1.64 GB/s
+(plain ``get_object``: 1.86) and the daemon's user CPU fell to about 1 s.
 
 A child serves several *lanes*. A lane is a socket pair (``SOCK_SEQPACKET``: one message
 per request or reply) and a memfd that holds one decoded chunk. A worker thread takes an
@@ -180,9 +181,11 @@ class FetchPool:
         lane.close()
 
     def start(self) -> None:
-        """Start the children now: each takes a while to import what it needs, and the first
-        reads of a restore should not wait for that (cold cat of 2 GiB on 16 cores: the first
-        0.75 s had one GET in flight and delivered nothing)."""
+        """Start the children now, so that the first reads do not wait for their imports.
+
+        Started on first use instead, a cold cat of 2 GiB on 16 cores had one GET in flight
+        for its first 0.75 s and delivered nothing.
+        """
         with self._cond:
             self._start_missing()
 

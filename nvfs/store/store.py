@@ -192,8 +192,11 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
-        if fetch_pool is not None and backend.signed_get(CHUNK_PREFIX + "probe") is None:
-            fetch_pool = None  # chunks do not come by signed GETs here: nothing for the processes to do
+        # Fetch processes decode on the CPU what comes by signed GETs: not on a GPU engine's
+        # mount (its GPU decodes faster), nor with a disk cache (objects are cached here).
+        if fetch_pool is not None and (engine.name != "cpu" or disk_cache is not None
+                                       or backend.signed_get(CHUNK_PREFIX + "probe") is None):
+            fetch_pool = None
         store = cls(backend, engine, superblock, gc_grace, disk_cache, fetch_pool)  # refuses an unknown hash
         backend.discard_incomplete()
         if fetch_pool is not None:
@@ -287,7 +290,7 @@ class Store:
                     self.disk_cache.discard(ref.id)
         key = self.chunk_key(ref.id)
         try:
-            if self.fetch_pool is not None and self.disk_cache is None:
+            if self.fetch_pool is not None:
                 data = self._fetch_elsewhere(key, ref)
                 if data is not None:
                     return data
