@@ -89,6 +89,7 @@ from benchmarks.common import (  # noqa: E402
     cpu_seconds,
     human,
     make_workdir,
+    proc_status,
     raise_on_sigterm,
     sha256_file,
     tree_cpu_seconds,
@@ -748,6 +749,7 @@ def part3(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
             read_s = timed_cat(path)
             read_cpu = tree_cpu_seconds(pid) - cpu0
             hwm = tree_status(pid, "VmHWM")
+            own_hwm = proc_status(pid, "VmHWM")
         finally:
             sampler.stop()
         # Spot check (untimed): a few blocks read back equal what was written.
@@ -767,7 +769,8 @@ def part3(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
     results.add(Row("3", "daemon peak RSS over write + read", math.nan, None,
                     detail=f"daemon + fetch processes: sampled VmRSS peak {human(sampler.peak)} "
                            f"(during {sampler.peak_phase}, {sampler.samples} samples), VmHWM {human(hwm)}, "
-                           f"idle after mount {human(idle_rss)}; bound {human(bound)}"))
+                           f"idle after mount {human(idle_rss)}; bound {human(bound)}; daemon alone: "
+                           f"VmHWM {human(own_hwm)}"))
     results.acceptance.append((
         "daemon peak RSS < cache_size + max_inflight + 256 MiB",
         peak < bound,

@@ -102,21 +102,25 @@ def test_damaged_and_missing_chunks_are_eio_naming_file_and_chunk(stored):
     assert (mount.path / "b.bin").read_bytes() == files["b.bin"]
 
 
-def test_a_killed_fetch_process_is_replaced(stored):
+@pytest.mark.parametrize("first_read", [True, False], ids=["after-a-read", "at-once"])
+def test_killed_fetch_processes_are_replaced(stored, first_read):
+    """Killed while serving or while still starting (not ready yet), children come back."""
     mount, files = stored
-    with open(mount.path / "a.bin", "rb") as f:
-        assert f.read(MIB) == files["a.bin"][:MIB]
+    if first_read:
+        with open(mount.path / "a.bin", "rb") as f:
+            assert f.read(MIB) == files["a.bin"][:MIB]
     daemon = mount.daemon_pid()
     before = _fetch_children(daemon)
-    assert before, "no fetch process served the first read"
+    assert len(before) == 2, f"expected 2 fetch processes, found {before}"
     for pid in before:
         os.kill(pid, signal.SIGKILL)
     # Reads of chunks not yet cached: the first meets a dead child and is read in the daemon.
     assert (mount.path / "b.bin").read_bytes() == files["b.bin"]
     assert (mount.path / "a.bin").read_bytes() == files["a.bin"]
     assert "starting another" in mount.log()
+    assert "fetched and decoded in the daemon from now on" not in mount.log()
     after = _fetch_children(daemon)
-    assert after and not set(after) & set(before), f"children before {before}, after {after}"
+    assert len(after) == 2 and not set(after) & set(before), f"children before {before}, after {after}"
 
 
 def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
@@ -131,7 +135,7 @@ def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
             pool.fetch(request, "ab" * 32, MIB, "blake3")
     finally:
         pool.close()
-    assert "exited before it was ready" in caplog.text
+    assert "exited with status 1 before it was ready" in caplog.text
 
 
 def test_no_fetch_processes_with_a_disk_cache(mount_factory, tmp_path):

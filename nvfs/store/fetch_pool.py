@@ -216,20 +216,25 @@ class FetchPool:
         log.debug("fetch process %d started with %d lanes", child.process.pid, self.lanes)
 
     def _lost(self, child: _Child, started: bool) -> None:
-        """Kill a child that failed a request; never restart one that failed to start."""
+        """Kill a child that failed a request; never restart one that could not start.
+
+        A child that exited on its own (an error status) before it was ready would most
+        likely be followed by others that do the same; one killed by a signal would not.
+        """
+        child.stop(0 if started else _STOP_GRACE)
         with self._cond:
             if child not in self._children:
                 return  # another of its lanes reported it first
             idle = self._drop(child)
-            if not started:
-                self._turn_off(f"fetch process {child.process.pid} exited before it was ready")
+            if not started and child.process.returncode > 0:
+                self._turn_off(f"fetch process {child.process.pid} exited with status "
+                               f"{child.process.returncode} before it was ready")
             else:
                 log.warning("fetch process %d failed after %d chunks: starting another",
                             child.process.pid, child.served)
             self._cond.notify_all()
         for lane in idle:
             lane.close()
-        child.stop(0)
 
     def _drop(self, child: _Child) -> list[_Lane]:
         """Forget ``child`` (holding the lock); returns its idle lanes, which nobody uses now."""
