@@ -77,6 +77,20 @@ def test_reads_through_fetch_processes_are_exact(stored):
         wait_until_dead(pid, 10, "unmount")
 
 
+def test_fetch_processes_exit_when_the_daemon_is_killed(stored):
+    """A child reads EOF on its lanes once the daemon is gone: nothing is left running."""
+    mount, files = stored
+    with open(mount.path / "a.bin", "rb") as f:
+        assert f.read(MIB) == files["a.bin"][:MIB]
+    daemon = mount.daemon_pid()
+    children = _fetch_children(daemon)
+    assert children
+    os.kill(daemon, signal.SIGKILL)
+    wait_until_dead(daemon, 10, "SIGKILL")
+    for pid in children:
+        wait_until_dead(pid, 10, "the daemon was killed")
+
+
 def _chunk_ids(mount, name: str) -> list[str]:
     return [ref[0] for ref in json.loads(mount.read_object(f"tree/{name}"))["chunks"]]
 
