@@ -1,7 +1,7 @@
 """Fetch processes: chunk GETs, decoding and verification outside the daemon's GIL.
 
-Why: on 16 cores a cold restore from S3 was bound by the GIL, not by cores or the store.
-Worker threads decoding chunks and the FUSE thread replying to reads took turns holding
+Why: on 16 cores a cold restore from S3 was held back by the GIL, not by the cores:
+worker threads decoding chunks and the FUSE thread replying to reads took turns holding
 it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, while the
 same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
 child process, with its own interpreter and GIL, GETs, decodes and verifies each chunk;
@@ -14,8 +14,8 @@ per request or reply) and a memfd that holds one decoded chunk. A worker thread 
 idle lane, sends the signed GET with the chunk's id and length, and gets back a status;
 the child checks the chunk exactly as the daemon would (:mod:`nvfs.store.fetch_child`).
 A child that dies fails its lanes' requests with :class:`FetchProcessFailed` (the store
-then reads those chunks itself) and is started again on the next request, unless it died
-before it was ready: then the pool turns itself off and says so in the log.
+then reads those chunks itself) and is started again on the next request, unless it exited
+with an error before it was ready: then the pool turns itself off and says so in the log.
 """
 
 from __future__ import annotations
