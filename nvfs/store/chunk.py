@@ -110,10 +110,15 @@ def parse_header(blob: bytes | memoryview) -> ChunkHeader:
     return ChunkHeader(codec_value, transform_value, engine_id, raw, payload, params, digest, version, crc)
 
 
-def decode_chunk(blob: bytes | memoryview, engine: Engine, expected_id: str,
-                 digest_of: ChunkHash) -> bytes | bytearray | memoryview:
-    """Decode a chunk object and verify, with the store's hash, that it is the chunk ``expected_id``."""
+def decode_chunk(blob: bytes | memoryview, engine: Engine, expected_id: str, digest_of: ChunkHash,
+                 expected_length: int | None = None) -> bytes | bytearray | memoryview:
+    """Decode a chunk object and verify, with the store's hash, that it is the chunk ``expected_id``.
+
+    ``expected_length``: the length a manifest gives the chunk, if the caller has one.
+    """
     header = parse_header(blob)
+    if expected_length is not None and header.raw_length != expected_length:
+        raise ChunkCorrupt(f"chunk holds {header.raw_length} bytes, manifest says {expected_length}")
     # The hash can only be checked after decoding; an engine whose decoder may fault on
     # damaged input (the GPU's) gets only bytes that passed the CRC.
     check_crc = not engine.rejects_damaged_input and header.version >= 2
