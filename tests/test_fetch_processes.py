@@ -140,7 +140,7 @@ def test_killed_fetch_processes_are_replaced(stored, first_read):
 def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
     """A child that dies before serving anything is not restarted: every read would pay for it."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    pool = FetchPool(processes=1, lanes=2, slot_size=MIB)
+    pool = FetchPool(processes=1, slot_size=MIB, lanes=2)
     request = SignedGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x", {})
     try:
         with pytest.raises(FetchProcessFailed, match="did not start|before it was ready"):
