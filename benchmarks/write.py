@@ -1005,7 +1005,7 @@ def acceptance(rows: dict[str, Row], max_inflight: int, inflight_source: str) ->
     if nv and null:
         share = nv.gbps / null.gbps
         lines.append((f"nvfs dir throughput >= {THROUGHPUT_VS_NULL:.0%} of the null FUSE filesystem's",
-                      share >= THROUGHPUT_VS_NULL, f"{nv.gbps:.3f} vs {null.gbps:.3f} GB/s = {share:.0%}"))
+                      share >= THROUGHPUT_VS_NULL, f"{nv.gbps:.3f} vs {null.gbps:.3f} GB/s = {share:.1%}"))
     else:
         lines.append((f"nvfs dir throughput >= {THROUGHPUT_VS_NULL:.0%} of the null FUSE filesystem's", None,
                       "needs both nvfs-dir and nullfs results"))
