@@ -54,7 +54,7 @@ class FetchProcessFailed(Exception):
 
 
 class FetchProcessNotStarted(FetchProcessFailed):
-    """A fetch process exited before it was ready: another one would most likely fail too."""
+    """A fetch process was gone before it was ready: killed, or unable to start at all."""
 
 
 class _Lane:
