@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.common import children_of
 from nvfs.backend.http_get import GetterSettings, SignedGet
 from nvfs.store.fetch_pool import FetchPool, FetchProcessFailed
 from tests.conftest import drop_cache, wait_until_dead
@@ -34,20 +35,15 @@ def _checkpoint_like(size: int, seed: int) -> bytes:
 
 
 def _fetch_children(daemon_pid: int) -> list[int]:
-    """PIDs of the daemon's fetch processes."""
+    """PIDs of the daemon's fetch processes (a killed, unreaped one has no command line)."""
     found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+    for pid in children_of(daemon_pid):
         try:
-            with open(f"/proc/{pid}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                command = cmdline.read()
+                if b"nvfs.store.fetch_child" in cmdline.read():
+                    found.append(pid)
         except OSError:
             continue
-        if parent == daemon_pid and b"nvfs.store.fetch_child" in command:
-            found.append(int(pid))
     return sorted(found)
 
 

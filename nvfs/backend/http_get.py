@@ -1,7 +1,7 @@
 """Whole-object HTTP GETs into one buffer: the transport under the S3 chunk reader.
 
 Kept apart from the signing (:mod:`nvfs.backend.s3_reader`) so that a fetch process
-(:mod:`nvfs.store.fetch_processes`) can run GETs that the daemon signed without importing
+(:mod:`nvfs.store.fetch_child`) can run GETs that the daemon signed without importing
 botocore. A body is read with ``readinto`` straight into an uninitialised buffer: the
 socket reads run without the GIL and nothing is copied. Failures are retried like boto3's
 standard mode: throttling, 5xx and dropped connections, with jittered exponential backoff.

@@ -78,12 +78,12 @@ class _Lane:
     def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
         if length > self.size:
             self._resize(length)
+        if not self._ready:
+            self._wait_ready()
         settings = request.settings
         # The child gives up well before this: each attempt is bounded by its own timeouts.
         attempt = settings.connect_timeout + settings.read_timeout + BACKOFF_CAP
         self.socket.settimeout(settings.max_attempts * attempt + 60)
-        if not self._ready:
-            self._wait_ready()
         try:
             self.socket.send(pickle.dumps((self.size, request, chunk_id, length, hash_name)))
             reply = self.socket.recv(_REPLY_LIMIT)
