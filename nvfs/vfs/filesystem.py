@@ -705,6 +705,9 @@ class Vfs:
         end = min(offset + length, content.size)
         if offset >= end:
             return b""
+        # Before waiting for this read's own chunks: the kernel sends a sequential reader's
+        # requests in order, but several at a time, and they finish in any order.
+        self._read_ahead(handle, content, offset, end)
         chunk = content.chunk_size
         pieces: list[bytes | memoryview] = []
         position = offset
@@ -720,7 +723,6 @@ class Vfs:
             if len(piece) < count:
                 pieces.append(bytes(count - len(piece)))
             position += count
-        self._read_ahead(handle, content, offset, end)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _slot_bytes(self, node: Node, content: FileContent, index: int
