@@ -456,7 +456,7 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
     results.acceptance.append((
         "nvfs cold torch.load GB/s >= 1.0x plain download",
         load.gbps >= best.gbps,
-        f"{load.gbps:.3f} GB/s = {load.gbps / best.gbps:.2f}x best plain; torch.load from the page cache "
+        f"{load.gbps:.3f} GB/s = {load.gbps / best.gbps:.2f}x best plain; torch.load of a page-cached copy "
         f"{memory_load.gbps:.3f} GB/s = {memory_load.gbps / best.gbps:.2f}x"))
 
 

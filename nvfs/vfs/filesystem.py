@@ -705,8 +705,8 @@ class Vfs:
         end = min(offset + length, content.size)
         if offset >= end:
             return b""
-        # Before waiting for this read's own chunks: the kernel sends a sequential reader's
-        # requests in order, but several at a time, and they finish in any order.
+        # Before waiting for this read's chunks: the kernel sends a sequential reader's
+        # requests in order, several at a time, and they finish in any order.
         self._read_ahead(handle, content, offset, end)
         chunk = content.chunk_size
         pieces: list[bytes | memoryview] = []
@@ -771,10 +771,11 @@ class Vfs:
     def _read_ahead(self, handle: Handle, content: FileContent, offset: int, end: int) -> None:
         """Fetch the chunks after a sequential reader's position before it asks for them.
 
-        The window is half of what the reader has read since its last seek, up to
+        The window is half of what the reader has asked for since its last seek, up to
         ``readahead`` bytes: a restore soon streams far ahead, while a reader of one tensor
         (``safe_open``, an mmap) fetches little beyond the tensor. A seek farther than a
-        chunk starts over; a reader skipping a zip header stays sequential.
+        chunk starts over; a reader skipping a zip header stays sequential. Called as a read
+        arrives: judged as they finished, a reader's concurrent requests looked like seeks.
         """
         chunk = content.chunk_size
         if abs(offset - handle.next_offset) <= chunk:
