@@ -70,6 +70,22 @@ def test_planes_are_the_bytes_of_the_values_rotated_left_one_bit(kind):
 def _roundtrip(data: bytes, regions: list[Region] | None) -> None:
     encoded = ENGINE.encode(data, regions)
     assert bytes(ENGINE.decode(encoded, len(data))) == data
+    out = memoryview(bytearray(b"\xa5" * len(data)))  # not zeros: every byte must be written
+    decoded = ENGINE.decode(encoded, len(data), out)
+    assert bytes(decoded) == data
+    assert (decoded is out) == (encoded.transform == Transform.PLANES)
+
+
+def test_float_chunks_decode_into_the_buffer_given():
+    data = _values(ElementKind.FP32, 1 << 18, seed=5, zero_fraction=0.0, specials=False)
+    digest = CHUNK_HASHES["blake3"](data)
+    parts, _ = encode_chunk(data, ENGINE, [Region(len(data), ElementKind.FP32)], digest)
+    blob = b"".join(bytes(part) for part in parts)
+    out = memoryview(bytearray(len(data)))
+    assert decode_chunk(blob, ENGINE, digest.hex(), CHUNK_HASHES["blake3"], len(data), out=out) is out
+    assert bytes(out) == data
+    longer = memoryview(bytearray(len(data) + 1))  # not the chunk's length: decoded elsewhere
+    assert bytes(decode_chunk(blob, ENGINE, digest.hex(), CHUNK_HASHES["blake3"], out=longer)) == data
 
 
 region_kinds = st.sampled_from(list(ElementKind))

@@ -72,6 +72,11 @@ class Engine(Protocol):
         """
         ...
 
-    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
-        """Return the original bytes; raise :class:`CodecError` on a damaged payload."""
+    def decode(self, encoded: Encoded, raw_length: int, out: memoryview | None = None
+               ) -> bytes | bytearray | memoryview:
+        """Return the original bytes; raise :class:`CodecError` on a damaged payload.
+
+        ``out`` (``raw_length`` bytes), if given, is where the engine may decode to: then it
+        returns ``out`` itself. Any other result is a buffer of its own.
+        """
         ...

@@ -40,9 +40,10 @@ class CpuEngine:
         params, payload = encode_regions(data, regions, self._coder)
         return planes_or_raw(data, params, payload, Codec.ZSTD)
 
-    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
+    def decode(self, encoded: Encoded, raw_length: int, out: memoryview | None = None
+               ) -> bytes | bytearray | memoryview:
         if encoded.transform == Transform.PLANES:
-            return decode_regions(encoded.params, encoded.payload, raw_length, self._coder)
+            return decode_regions(encoded.params, encoded.payload, raw_length, self._coder, out)
         if encoded.transform != Transform.NONE:
             raise CodecError(f"transform {encoded.transform} is not supported by this version")
         if encoded.codec not in (Codec.RAW, Codec.ZSTD):

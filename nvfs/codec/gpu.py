@@ -420,10 +420,11 @@ class GpuEngine:
         check_regions(len(data), regions)
         return self._submit("encode", (data, list(regions)))
 
-    def decode(self, encoded: Encoded, raw_length: int) -> bytes | bytearray | memoryview:
+    def decode(self, encoded: Encoded, raw_length: int, out: memoryview | None = None
+               ) -> bytes | bytearray | memoryview:
         if encoded.transform != Transform.PLANES:
-            return self._cpu.decode(encoded, raw_length)
-        return self._submit("decode", (encoded, raw_length))
+            return self._cpu.decode(encoded, raw_length, out)
+        return self._submit("decode", (encoded, raw_length))  # into its own buffer, not ``out``
 
     def close(self) -> None:
         """Stop the dispatcher thread (pending requests are served first); idempotent.

@@ -372,12 +372,14 @@ def planes_or_raw(data: bytes, params: bytes, payload: bytes | memoryview, codec
     return Encoded(codec, Transform.PLANES, params, payload)
 
 
-def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneCoder) -> memoryview:
+def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneCoder,
+                   out: memoryview | None = None) -> memoryview:
     """Inverse of :func:`encode_regions` (any writer's planes but ANS); raises :class:`CodecError`.
 
-    The output is left uninitialised: the regions cover it exactly and every value is
-    written. A ``bytearray`` would be zeroed first, holding the GIL; in a cold read from S3
-    on 16 cores that was a ninth of the time some thread held the GIL (py-spy ``--gil``).
+    Decodes into ``out`` (``raw_length`` bytes) if given, else into a new buffer that is left
+    uninitialised: the regions cover it exactly and every value is written. A ``bytearray``
+    would be zeroed first, holding the GIL; in a cold read from S3 on 16 cores that was a
+    ninth of the time some thread held the GIL (py-spy ``--gil``).
 
     Each region is merged whole, its framed planes joined first: in the daemon every numpy
     call gives up and takes back the GIL, and merging frame by frame (a dozen calls per
@@ -386,7 +388,10 @@ def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneC
     0.80/0.85/0.82 GB/s, frame by frame 0.76/0.71/0.77 and 0.79/0.83/0.80).
     """
     regions = parse_params(params, raw_length, len(payload))
-    out_view, source = memoryview(np.empty(raw_length, dtype=np.uint8)), memoryview(payload)
+    if out is not None and len(out) != raw_length:
+        raise ValueError(f"an output of {len(out)} bytes for {raw_length}")
+    out_view = memoryview(np.empty(raw_length, dtype=np.uint8)) if out is None else out
+    source = memoryview(payload)
     offset, consumed = 0, 0
     for region in regions:
         planes = []

@@ -111,10 +111,12 @@ def parse_header(blob: bytes | memoryview) -> ChunkHeader:
 
 
 def decode_chunk(blob: bytes | memoryview, engine: Engine, expected_id: str, digest_of: ChunkHash,
-                 expected_length: int | None = None) -> bytes | bytearray | memoryview:
+                 expected_length: int | None = None, out: memoryview | None = None
+                 ) -> bytes | bytearray | memoryview:
     """Decode a chunk object and verify, with the store's hash, that it is the chunk ``expected_id``.
 
     ``expected_length``: the length a manifest gives the chunk, if the caller has one.
+    ``out``: where the engine may decode to, if the chunk is that long (see ``Engine.decode``).
     """
     header = parse_header(blob)
     if expected_length is not None and header.raw_length != expected_length:
@@ -128,7 +130,8 @@ def decode_chunk(blob: bytes | memoryview, engine: Engine, expected_id: str, dig
     payload = memoryview(blob)[params_end:]  # a view, not a copy: the payload is most of the object
     encoded = Encoded(header.codec, header.transform, bytes(blob[HEADER.size : params_end]), payload)
     try:
-        data = engine.decode(encoded, header.raw_length)
+        data = engine.decode(encoded, header.raw_length,
+                             out if out is not None and len(out) == header.raw_length else None)
     except CodecError as exc:
         raise ChunkCorrupt(str(exc)) from exc
     if len(data) != header.raw_length:

@@ -42,11 +42,17 @@ class _Getters:
             return getter
 
 
-def _decoded(request: SignedGet, chunk_id: str, length: int, hash_name: str,
-             engine: Engine, getters: _Getters) -> bytes | bytearray | memoryview:
-    """The chunk, checked as :meth:`nvfs.store.Store.get_chunk` checks it."""
+def _decode_into(slot: mmap.mmap, request: SignedGet, chunk_id: str, length: int, hash_name: str,
+                 engine: Engine, getters: _Getters) -> None:
+    """Leave the chunk at the start of ``slot``, checked as :meth:`nvfs.store.Store.get_chunk` checks it.
+
+    Chunks of float planes decode straight into the slot: no buffer of their own, no copy.
+    """
     blob = getters(request.settings).get(request.key, request.path, request.headers)
-    return decode_chunk(blob, engine, chunk_id, chunk_hash(hash_name), length)
+    target = memoryview(slot)[:length]
+    data = decode_chunk(blob, engine, chunk_id, chunk_hash(hash_name), length, out=target)
+    if data is not target:
+        np.frombuffer(target, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
 
 def _serve(lane: socket.socket, memfd: int, engine: Engine, getters: _Getters) -> None:
@@ -60,8 +66,7 @@ def _serve(lane: socket.socket, memfd: int, engine: Engine, getters: _Getters) -
         if slot is None or len(slot) != size:
             slot = mmap.mmap(memfd, size)
         try:
-            data = _decoded(request, chunk_id, length, hash_name, engine, getters)
-            np.frombuffer(slot, dtype=np.uint8, count=length)[:] = np.frombuffer(data, dtype=np.uint8)
+            _decode_into(slot, request, chunk_id, length, hash_name, engine, getters)
             reply = ("ok", "")
         except ObjectNotFound as exc:
             reply = ("missing", str(exc))
