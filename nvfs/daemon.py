@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -14,6 +13,7 @@ import pyfuse3
 import trio
 
 from nvfs.fuse import Operations
+from nvfs.heap import tune_heap
 from nvfs.options import MountOptions
 from nvfs.store import Store
 from nvfs.vfs import Vfs
@@ -21,7 +21,6 @@ from nvfs.vfs import Vfs
 log = logging.getLogger(__name__)
 
 Ready = Callable[[str | None], None]
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt(3) parameters
 _MMAP_THRESHOLD = 64 << 20  # allocations below this come from the heap
 _HEAP_KEPT = 64 << 20  # free memory an arena keeps for reuse
 _ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
@@ -77,12 +76,7 @@ def keep_chunk_buffers_in_heap() -> None:
     system CPU per GB restored. Freed memory above ``_HEAP_KEPT`` per arena still goes back,
     and the arenas are few, so the memory bound (``max_inflight``, ``cache_size``) holds.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
-        libc.mallopt(_M_TRIM_THRESHOLD, _HEAP_KEPT)
-        libc.mallopt(_M_ARENA_MAX, _ARENAS)
-    except (OSError, AttributeError):
+    if not tune_heap(_MMAP_THRESHOLD, _HEAP_KEPT, _ARENAS):
         log.debug("not glibc: malloc keeps its defaults")
 
 

@@ -61,8 +61,8 @@ class MountOptions:
     cache_dir: str | None = None
     cache_dir_size: int = 8 << 30
     # Processes that fetch and decode chunks for reads from S3 (nvfs/store/fetch_pool.py). Off by
-    # default: on 16 cores they raised a cold 2 GiB cat from SeaweedFS from 1.0-1.2 to 1.2-1.6 GB/s,
-    # but torch.load little, and took the daemon with 2-4 of them to 774-912 MiB, over the
+    # default: on 16 cores 4 of them raised a cold 2 GiB cat from SeaweedFS from 1.08 to 1.61 GB/s
+    # (one run), but not torch.load, and took the daemon with them to 885 MiB, over the
     # defaults' 768 MiB bound.
     fetch_procs: int = 0
 

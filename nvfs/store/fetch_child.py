@@ -8,7 +8,6 @@ requests come signed.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import pickle
 import socket
@@ -20,11 +19,11 @@ import numpy as np
 from nvfs.backend import BackendError, ObjectNotFound
 from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
 from nvfs.codec import CpuEngine, Engine
+from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
 from nvfs.store.fetch_pool import READY
 
 _REQUEST_LIMIT = 1 << 16
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # mallopt(3) parameters
 
 
 class _Getters:
@@ -86,13 +85,7 @@ def _one_heap() -> None:
     been freed its successors come from that arena, which keeps them: four children of four
     lanes summed to 1.11 GiB (VmHWM) on a 2 GiB restore.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # not glibc
-    libc.mallopt(_M_MMAP_THRESHOLD, 64 << 20)
-    libc.mallopt(_M_TRIM_THRESHOLD, 16 << 20)
-    libc.mallopt(_M_ARENA_MAX, 1)
+    tune_heap(64 << 20, 16 << 20, 1)
 
 
 def main(fds: list[int]) -> None:

@@ -6,8 +6,9 @@ it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, whil
 same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
 child process, with its own interpreter and GIL, GETs, decodes and verifies each chunk;
 the daemon signs the GET, waits without the GIL and copies the decoded bytes out of
-memory it shares with the child. With 4 children of 4 lanes that cat ran at 1.64 GB/s
-(plain ``get_object``: 1.86) and the daemon's user CPU fell to about 1 s.
+memory it shares with the child, where the child decoded it. With 4 children of 4 lanes
+that cat ran at 1.61 GB/s (plain ``get_object``: 1.59) once read-ahead judged requests as
+they arrive (1.2-1.5 GB/s before), and the daemon's CPU fell to about 2 s.
 
 A child serves several *lanes*. A lane is a socket pair (``SOCK_SEQPACKET``: one message
 per request or reply) and a memfd that holds one decoded chunk. A worker thread takes an
@@ -43,8 +44,8 @@ READY = b"ready"  # a child's first message on each lane, once it has imported e
 _START_TIMEOUT = 60.0  # seconds a new child may take to get ready
 _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
 # Chunk fetches in flight per child. Each lane holds a slot and, while decoding, a few
-# chunk-sized buffers: with the daemon, 2 children of 4 lanes peaked at 734 MiB reading 8 GiB
-# on 2 cores, 4 of 4 at 1.02 GiB. A restore on 16 cores averaged 6-8 GETs in flight.
+# chunk-sized buffers: with the daemon, 4 children of 4 lanes peaked at 894-941 MiB reading
+# 8 GiB on 2 cores. More lanes or processes did not raise a cold cat on 16 cores.
 LANES = 4
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
 
