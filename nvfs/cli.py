@@ -112,7 +112,7 @@ def open_store(backend: Backend, options: MountOptions, disk_cache: ChunkFileCac
     Called in the daemon process, after the fork: a CUDA context does not survive ``fork``.
     """
     engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
-    fetch_pool = FetchPool(options.fetch_procs, options.vfs.chunk_size) if options.fetch_procs else None
+    fetch_pool = FetchPool(options.fetch_procs, options.vfs.threads) if options.fetch_procs else None
     return Store.open(backend, engine, options.gc_grace, disk_cache, fetch_pool)
 
 

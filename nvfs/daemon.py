@@ -13,7 +13,7 @@ import pyfuse3
 import trio
 
 from nvfs.fuse import Operations
-from nvfs.heap import tune_heap
+from nvfs.heap import release_free_heap, tune_heap
 from nvfs.options import MountOptions
 from nvfs.store import Store
 from nvfs.vfs import Vfs
@@ -143,12 +143,25 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
 async def _serve_until_unmounted(vfs: Vfs, mountpoint: str, ready: Ready) -> None:
     async with trio.open_nursery() as nursery:
         vfs.start(nursery)
+        nursery.start_soon(_release_memory_after_writes, vfs)
         nursery.start_soon(_terminate_on_signal)
         nursery.start_soon(_finish_mount, mountpoint, ready)
         await pyfuse3.main()
         log.info("FUSE session ended; committing and draining")
         await vfs.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def _release_memory_after_writes(vfs: Vfs) -> None:
+    """Each time a burst of writes has drained, give the heap's free memory back to the kernel.
+
+    Writing goes through up to ``max_inflight`` bytes of chunk buffers and their encoded
+    copies; freed, they stayed in the heap: the daemon kept 275 MiB after writing 2 GiB with
+    16 threads, and a restore on the same mount then went over the memory bound.
+    """
+    while True:
+        await vfs.uploads_drained()
+        await trio.to_thread.run_sync(release_free_heap)
 
 
 async def _finish_mount(mountpoint: str, ready: Ready) -> None:

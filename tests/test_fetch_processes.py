@@ -19,6 +19,7 @@ import pytest
 
 from benchmarks.common import children_of
 from nvfs.backend.http_get import GetterSettings, SignedGet
+from nvfs.store import fetch_pool
 from nvfs.store.fetch_pool import FetchPool, FetchProcessFailed
 from tests.conftest import drop_cache, wait_until_dead
 
@@ -136,7 +137,7 @@ def test_killed_fetch_processes_are_replaced(stored, first_read):
 def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
     """A child that dies before serving anything is not restarted: every read would pay for it."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    pool = FetchPool(processes=1, slot_size=MIB, lanes=2)
+    pool = FetchPool(processes=1, fetches=2)
     request = SignedGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x", {})
     try:
         with pytest.raises(FetchProcessFailed, match="did not start|before it was ready"):
@@ -159,3 +160,22 @@ def test_no_fetch_processes_with_a_disk_cache(mount_factory, tmp_path):
     drop_cache(mount.path / "c.bin")
     assert (mount.path / "c.bin").read_bytes() == data
     assert _fetch_children(mount.daemon_pid()) == []
+
+
+def test_a_chunk_that_cannot_be_mapped_is_copied(monkeypatch):
+    """Out of memory maps (``vm.max_map_count``), the daemon reads the child's memfd instead."""
+    data = _checkpoint_like(MIB, 4)
+    memfd = os.memfd_create("test-chunk")
+    try:
+        os.write(memfd, data)
+        mapped = fetch_pool._chunk_in(memfd, len(data))
+        assert bytes(mapped) == data and mapped.readonly
+
+        def no_more_maps(*args, **kwargs):
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+        monkeypatch.setattr(fetch_pool.mmap, "mmap", no_more_maps)
+        copied = fetch_pool._chunk_in(memfd, len(data))
+        assert bytes(copied) == data
+    finally:
+        os.close(memfd)

@@ -1,14 +1,15 @@
 """A fetch process (see :mod:`nvfs.store.fetch_pool`): ``python -m nvfs.store.fetch_child FD...``.
 
-The arguments are pairs of inherited descriptors, one pair per lane: a SOCK_SEQPACKET
-socket and the memfd that the decoded chunk goes into. Each lane is served by a thread;
-the process exits when every lane's socket is closed. It imports no boto3 or botocore:
+The arguments are inherited descriptors, one per lane: a SOCK_SEQPACKET socket on which
+each request comes with the memfd that the decoded chunk goes into. Each lane is served by
+a thread; the process exits when every lane's socket is closed. It imports no boto3 or botocore:
 requests come signed.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import pickle
 import socket
 import sys
@@ -41,31 +42,29 @@ class _Getters:
             return getter
 
 
-def _decode_into(slot: mmap.mmap, request: SignedGet, chunk_id: str, length: int, hash_name: str,
+def _decode_into(memfd: int, request: SignedGet, chunk_id: str, length: int, hash_name: str,
                  engine: Engine, getters: _Getters) -> None:
-    """Leave the chunk at the start of ``slot``, checked as :meth:`nvfs.store.Store.get_chunk` checks it.
+    """Leave the chunk in ``memfd``, checked as :meth:`nvfs.store.Store.get_chunk` checks it.
 
-    Chunks of float planes decode straight into the slot: no buffer of their own, no copy.
+    Chunks of float planes decode straight into it: no buffer of their own, no copy.
     """
     blob = getters(request.settings).get(request.key, request.path, request.headers)
-    target = memoryview(slot)[:length]
+    # Faulted in at once: one call instead of a page fault per 4 KiB while decoding.
+    target = memoryview(mmap.mmap(memfd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE))
     data = decode_chunk(blob, engine, chunk_id, chunk_hash(hash_name), length, out=target)
     if data is not target:
         np.frombuffer(target, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
 
-def _serve(lane: socket.socket, memfd: int, engine: Engine, getters: _Getters) -> None:
-    slot: mmap.mmap | None = None
+def _serve(lane: socket.socket, engine: Engine, getters: _Getters) -> None:
     lane.send(READY)
     while True:
-        message = lane.recv(_REQUEST_LIMIT)
+        message, fds, _flags, _address = socket.recv_fds(lane, _REQUEST_LIMIT, 1)
         if not message:
             return
-        size, request, chunk_id, length, hash_name = pickle.loads(message)
-        if slot is None or len(slot) != size:
-            slot = mmap.mmap(memfd, size)
+        request, chunk_id, length, hash_name = pickle.loads(message)
         try:
-            _decode_into(slot, request, chunk_id, length, hash_name, engine, getters)
+            _decode_into(fds[0], request, chunk_id, length, hash_name, engine, getters)
             reply = ("ok", "")
         except ObjectNotFound as exc:
             reply = ("missing", str(exc))
@@ -75,6 +74,9 @@ def _serve(lane: socket.socket, memfd: int, engine: Engine, getters: _Getters) -
             reply = ("unreadable", str(exc))
         except Exception as exc:  # anything else would only kill the lane: report it instead
             reply = ("unreadable", f"fetch process: {type(exc).__name__}: {exc}")
+        finally:
+            for fd in fds:
+                os.close(fd)
         lane.send(pickle.dumps(reply))
 
 
@@ -92,8 +94,7 @@ def main(fds: list[int]) -> None:
     _one_heap()
     engine = CpuEngine()
     getters = _Getters()
-    lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fds[i]), fds[i + 1], engine, getters))
-             for i in range(0, len(fds), 2)]
+    lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fd), engine, getters)) for fd in fds]
     for thread in lanes:
         thread.start()
     for thread in lanes:

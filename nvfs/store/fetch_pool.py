@@ -5,15 +5,19 @@ worker threads decoding chunks and the FUSE thread replying to reads took turns 
 it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, while the
 same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
 child process, with its own interpreter and GIL, GETs, decodes and verifies each chunk;
-the daemon signs the GET, waits without the GIL and copies the decoded bytes out of
-memory it shares with the child, where the child decoded it. With 4 children of 4 lanes
+the daemon signs the GET, waits without the GIL and maps the memory the child decoded it
+into. With 4 children of 4 lanes
 that cat ran at 1.61 GB/s (plain ``get_object``: 1.59) once read-ahead judged requests as
 they arrive (1.2-1.5 GB/s before), and the daemon's CPU fell to about 2 s.
 
 A child serves several *lanes*. A lane is a socket pair (``SOCK_SEQPACKET``: one message
-per request or reply) and a memfd that holds one decoded chunk. A worker thread takes an
-idle lane, sends the signed GET with the chunk's id and length, and gets back a status;
-the child checks the chunk exactly as the daemon would (:mod:`nvfs.store.fetch_child`).
+per request or reply). A worker thread takes an idle lane and sends the signed GET with the
+chunk's id and length, and with it a new memfd of that length, in which the child leaves the
+decoded chunk; the reply is a status. The child checks the chunk exactly as the daemon would
+(:mod:`nvfs.store.fetch_child`). The daemon then maps the memfd and hands the mapping up as
+the chunk: no copy, and no buffer of the daemon's heap, which glibc would keep once freed.
+The chunk's memory goes back to the kernel when the last view of it is dropped.
+
 A child that dies fails its lanes' requests with :class:`FetchProcessFailed` (the store
 then reads those chunks itself) and is started again on the next request, unless it exited
 with an error before it was ready: then the pool turns itself off and says so in the log.
@@ -31,8 +35,6 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
-
 from nvfs.backend import BackendError, ObjectNotFound
 from nvfs.backend.http_get import BACKOFF_CAP, SignedGet
 from nvfs.store.chunk import ChunkCorrupt
@@ -43,10 +45,6 @@ _REPLY_LIMIT = 1 << 16  # bytes: a status and a message
 READY = b"ready"  # a child's first message on each lane, once it has imported everything
 _START_TIMEOUT = 60.0  # seconds a new child may take to get ready
 _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
-# Chunk fetches in flight per child. Each lane holds a slot and, while decoding, a few
-# chunk-sized buffers: with the daemon, 4 children of 4 lanes peaked at 894-941 MiB reading
-# 8 GiB on 2 cores. More lanes or processes did not raise a cold cat on 16 cores.
-LANES = 4
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
 
 
@@ -59,46 +57,35 @@ class FetchProcessNotStarted(FetchProcessFailed):
 
 
 class _Lane:
-    """One request at a time to one child: a socket and a shared slot for the decoded chunk."""
+    """One request at a time to one child, over a socket pair."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self) -> None:
         self.socket, self.child_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.memfd = os.memfd_create("nvfs-fetch-slot")
-        self.size = 0
-        self.slot: mmap.mmap | None = None
-        self._resize(size)
         self._ready = False  # until the child's thread for this lane said so
 
-    def _resize(self, size: int) -> None:
-        """Grow the slot (the child maps it again when a request names a new size)."""
-        os.ftruncate(self.memfd, size)
-        if self.slot is not None:
-            self.slot.close()
-        self.slot, self.size = mmap.mmap(self.memfd, size), size
-
     def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
-        if length > self.size:
-            self._resize(length)
         if not self._ready:
             self._wait_ready()
         settings = request.settings
         # The child gives up well before this: each attempt is bounded by its own timeouts.
         attempt = settings.connect_timeout + settings.read_timeout + BACKOFF_CAP
         self.socket.settimeout(settings.max_attempts * attempt + 60)
+        memfd = os.memfd_create("nvfs-chunk", os.MFD_CLOEXEC)
         try:
-            self.socket.send(pickle.dumps((self.size, request, chunk_id, length, hash_name)))
-            reply = self.socket.recv(_REPLY_LIMIT)
-        except OSError as exc:
-            raise FetchProcessFailed(f"fetch process did not answer: {exc}") from None
-        if not reply:
-            raise FetchProcessFailed("fetch process exited")
-        status, detail = pickle.loads(reply)
-        if status != "ok":
-            raise _FAILURES[status](detail)
-        assert self.slot is not None
-        data = np.empty(length, dtype=np.uint8)
-        data[:] = np.frombuffer(self.slot, dtype=np.uint8, count=length)  # numpy copies without the GIL
-        return memoryview(data)
+            os.ftruncate(memfd, length)
+            try:
+                socket.send_fds(self.socket, [pickle.dumps((request, chunk_id, length, hash_name))], [memfd])
+                reply = self.socket.recv(_REPLY_LIMIT)
+            except OSError as exc:
+                raise FetchProcessFailed(f"fetch process did not answer: {exc}") from None
+            if not reply:
+                raise FetchProcessFailed("fetch process exited")
+            status, detail = pickle.loads(reply)
+            if status != "ok":
+                raise _FAILURES[status](detail)
+            return _chunk_in(memfd, length)
+        finally:
+            os.close(memfd)
 
     def _wait_ready(self) -> None:
         self.socket.settimeout(_START_TIMEOUT)
@@ -110,9 +97,6 @@ class _Lane:
             raise FetchProcessNotStarted("fetch process exited before it was ready")
         self._ready = True
 
-    def child_fds(self) -> tuple[int, int]:
-        return self.child_socket.fileno(), self.memfd
-
     def release_child_end(self) -> None:
         """Close the child's socket here once the child holds it: its exit then reads as EOF."""
         self.child_socket.close()
@@ -120,17 +104,30 @@ class _Lane:
     def close(self) -> None:
         self.socket.close()
         self.child_socket.close()
-        if self.slot is not None:
-            self.slot.close()
-        os.close(self.memfd)
+
+
+def _chunk_in(memfd: int, length: int) -> memoryview:
+    """The ``length`` bytes a child left in ``memfd``: mapped, or read out where it cannot be.
+
+    A map needs no copy; it is one of the process's memory maps (``vm.max_map_count``,
+    65530 by default), which a large cache of small chunks could use up.
+    """
+    try:
+        return memoryview(mmap.mmap(memfd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                                    prot=mmap.PROT_READ))
+    except OSError as exc:
+        log.debug("cannot map a fetched chunk (%s): copying it", exc)
+    data = bytearray(length)
+    os.preadv(memfd, [data], 0)
+    return memoryview(data)
 
 
 class _Child:
     """A fetch process and its lanes."""
 
-    def __init__(self, lanes: int, slot_size: int) -> None:
-        self.lanes = [_Lane(slot_size) for _ in range(lanes)]
-        fds = [fd for lane in self.lanes for fd in lane.child_fds()]
+    def __init__(self, lanes: int) -> None:
+        self.lanes = [_Lane() for _ in range(lanes)]
+        fds = [lane.child_socket.fileno() for lane in self.lanes]
         self.served = 0
         self.process = subprocess.Popen(
             [sys.executable, "-m", "nvfs.store.fetch_child", *map(str, fds)],
@@ -148,12 +145,15 @@ class _Child:
 
 
 class FetchPool:
-    """``processes`` fetch processes of ``lanes`` lanes each."""
+    """``processes`` fetch processes, sharing ``fetches`` lanes (chunk fetches in flight).
 
-    def __init__(self, processes: int, slot_size: int, lanes: int = LANES) -> None:
+    The daemon never runs more fetches at once than it has worker threads, so that is what
+    to pass: each child is then as busy as the others and no lane stands idle.
+    """
+
+    def __init__(self, processes: int, fetches: int) -> None:
         self.processes = processes
-        self.lanes = lanes
-        self._slot_size = slot_size
+        self.lanes = -(-fetches // processes)
         self._children: list[_Child] = []
         self._idle: list[tuple[_Child, _Lane]] = []
         self._cond = threading.Condition()
@@ -161,7 +161,7 @@ class FetchPool:
         self._closed = False
 
     def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
-        """The verified, decoded chunk ``chunk_id`` (``length`` bytes) that ``request`` GETs.
+        """The verified, decoded chunk ``chunk_id`` (``length`` > 0 bytes) that ``request`` GETs.
 
         Raises :class:`ObjectNotFound`, :class:`BackendError` or :class:`ChunkCorrupt` as the
         store's own read would, and :class:`FetchProcessFailed` when no process could answer.
@@ -212,7 +212,7 @@ class FetchPool:
 
     def _start_child(self) -> None:
         try:
-            child = _Child(self.lanes, self._slot_size)
+            child = _Child(self.lanes)
         except OSError as exc:
             self._turn_off(f"cannot start a fetch process: {exc}")
             return

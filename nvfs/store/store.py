@@ -305,9 +305,12 @@ class Store:
         return data
 
     def _fetch_elsewhere(self, key: str, ref: ChunkRef) -> memoryview | None:
-        """The chunk as a fetch process GETs, decodes and checks it; ``None``: read it here."""
+        """The chunk as a fetch process GETs, decodes and checks it; ``None``: read it here.
+
+        An empty chunk has nothing to decode, and a memfd of no bytes cannot be mapped.
+        """
         assert self.fetch_pool is not None
-        request = self.backend.signed_get(key)
+        request = self.backend.signed_get(key) if ref.length else None
         if request is None:
             return None
         try:

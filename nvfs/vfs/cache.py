@@ -22,11 +22,15 @@ class ChunkCache:
     def __contains__(self, chunk_id: str) -> bool:
         return chunk_id in self._entries
 
-    def put(self, chunk_id: str, data: bytes) -> None:
+    def put(self, chunk_id: str, data: bytes) -> list[bytes]:
+        """Cache ``data``; returns the chunks evicted for it, for the caller to drop."""
         if len(data) > self.capacity or chunk_id in self._entries:
-            return
+            return []
         self._entries[chunk_id] = data
         self._bytes += len(data)
+        evicted = []
         while self._bytes > self.capacity:
-            _, evicted = self._entries.popitem(last=False)
-            self._bytes -= len(evicted)
+            _, oldest = self._entries.popitem(last=False)
+            self._bytes -= len(oldest)
+            evicted.append(oldest)
+        return evicted
