@@ -48,16 +48,16 @@ def children_of(pid: int) -> list[int]:
 
 
 def tree_status(pid: int, key: str) -> int | None:
-    """:func:`proc_status` of ``pid`` plus its children's, less their shared memory.
+    """:func:`proc_status` of ``pid`` plus its children's (an nvfs daemon's fetch processes).
 
-    The children (fetch processes) share their slots with the daemon, which maps and reads
-    them too: their ``RssShmem`` is already in the daemon's figure.
+    Nothing is counted twice: a child maps the memory of a chunk while it decodes it, and the
+    daemon maps it only once the child has let go of it. Summed peaks (VmHWM) may come from
+    different moments: an upper bound.
     """
     own = proc_status(pid, key)
     if own is None:
         return None
-    return own + sum((proc_status(child, key) or 0) - (proc_status(child, "RssShmem") or 0)
-                     for child in children_of(pid))
+    return own + sum(proc_status(child, key) or 0 for child in children_of(pid))
 
 
 def tree_cpu_seconds(pid: int | None) -> float:

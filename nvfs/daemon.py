@@ -126,8 +126,10 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
     except RuntimeError as exc:
         ready(f"cannot mount on {mountpoint}: {exc}")
         return 1
-    log.info("mounted %s on %s: engine %s (asked for %s), chunk size %d", source, mountpoint,
-             store.engine.name, options.engine, options.vfs.chunk_size)
+    pool = store.fetch_pool
+    fetching = f"{pool.processes} fetch processes of {pool.lanes} lanes" if pool else "fetches in the daemon"
+    log.info("mounted %s on %s: engine %s (asked for %s), chunk size %d, %s", source, mountpoint,
+             store.engine.name, options.engine, options.vfs.chunk_size, fetching)
     try:
         trio.run(_serve_until_unmounted, vfs, mountpoint, ready)
     except BaseException:
