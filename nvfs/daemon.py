@@ -24,6 +24,7 @@ Ready = Callable[[str | None], None]
 _MMAP_THRESHOLD = 64 << 20  # allocations below this come from the heap
 _HEAP_KEPT = 64 << 20  # free memory an arena keeps for reuse
 _ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
+_WRITES_STOPPED_AFTER = 1.0  # seconds without a chunk upload that end a burst of writes
 GIL_SWITCH_INTERVAL = 0.0002  # seconds; CPython's default is 0.005
 # Bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb), set once the kernel
 # has the INIT reply (see _finish_mount). On kernel 6.18 a 1 MiB window came as 1 MiB FUSE
@@ -155,14 +156,21 @@ async def _serve_until_unmounted(vfs: Vfs, mountpoint: str, ready: Ready) -> Non
 
 
 async def _release_memory_after_writes(vfs: Vfs) -> None:
-    """Each time a burst of writes has drained, give the heap's free memory back to the kernel.
+    """Once writing has stopped for a moment, give the heap's free memory back to the kernel.
 
     Writing goes through up to ``max_inflight`` bytes of chunk buffers and their encoded
     copies; freed, they stayed in the heap: the daemon kept 275 MiB after writing 2 GiB with
-    16 threads, and a restore on the same mount then went over the memory bound.
+    16 threads, and a restore on the same mount then went over the memory bound. Not at every
+    drain: a writer slower than the uploads drains them many times a second, and each trim
+    would hand back pages that the next chunks fault in again.
     """
     while True:
         await vfs.uploads_drained()
+        while True:  # until no upload has started for a while
+            started = vfs.upload_count()
+            await trio.sleep(_WRITES_STOPPED_AFTER)
+            if vfs.upload_count() == started:
+                break
         await trio.to_thread.run_sync(release_free_heap)
 
 

@@ -67,10 +67,12 @@ class MountOptions:
 def default_fetch_procs(cores: int) -> int:
     """Processes that fetch and decode chunks for reads from S3 (nvfs/store/fetch_pool.py).
 
-    Two where there are cores for them. On 16 cores two raised a cold 2 GiB ``cat`` from
-    SeaweedFS from 0.78-0.89 GB/s to 1.28-1.49 and ``torch.load`` from 0.80-0.86 to 1.03-1.09,
-    with the daemon and both children at 525-612 MiB. On 2 cores they slowed ``cat`` from
-    0.64-0.65 to 0.51 GB/s: there the children and SeaweedFS compete for the same cores.
+    Two where there are cores for them. On 16 cores, alternating, a cold 2 GiB ``cat`` from
+    SeaweedFS read 0.78 and 0.89 GB/s without them, 1.12 and 1.05 with two (``torch.load``:
+    0.80 and 0.86, 0.95 and 0.85); with evicted chunks unmapped off the event loop since,
+    two gave 1.25-1.49 GB/s (``torch.load`` 0.99-1.14) in later runs, the daemon and both
+    children at 521-646 MiB. On 2 cores two slowed ``cat`` from 0.64-0.65 to 0.51 GB/s:
+    there the children and SeaweedFS compete for the same cores.
     """
     return 2 if cores >= 8 else 0
 

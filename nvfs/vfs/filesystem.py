@@ -92,6 +92,7 @@ class Vfs:
         self._workers = trio.CapacityLimiter(config.threads)
         self._inflight = trio.Semaphore(max(1, config.max_inflight // config.chunk_size))
         self._uploads = 0  # chunk uploads running, of every file, released ones included
+        self._uploads_started = 0
         self._uploads_idle = trio.Event()
         self._uploads_idle.set()
         self._drained = trio.Event()  # set, and replaced, each time the last upload in flight ends
@@ -128,6 +129,10 @@ class Vfs:
     async def uploads_drained(self) -> None:
         """Return the next time the last chunk upload in flight finishes: a burst of writes drained."""
         await self._drained.wait()
+
+    def upload_count(self) -> int:
+        """Chunk uploads started since the mount: it changes while anything is written."""
+        return self._uploads_started
 
     # ----- inode table -----------------------------------------------------------------
 
@@ -638,6 +643,7 @@ class Vfs:
         if self._uploads == 0:
             self._uploads_idle = trio.Event()
         self._uploads += 1
+        self._uploads_started += 1
         self._nursery.start_soon(self._upload, node, content, index, slot, slot.version, data, regions)
 
     async def _acquire_inflight(self, content: FileContent) -> None:
