@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import signal
 import sys
@@ -162,20 +163,47 @@ def test_no_fetch_processes_with_a_disk_cache(mount_factory, tmp_path):
     assert _fetch_children(mount.daemon_pid()) == []
 
 
+def _memfd_with(data: bytes) -> int:
+    memfd = os.memfd_create("test-chunk")
+    os.write(memfd, data)
+    return memfd
+
+
+def test_chunks_are_mapped_up_to_the_limit_and_copied_past_it():
+    """Each mapped chunk holds a descriptor: past the limit the daemon reads the memfd instead."""
+    data = _checkpoint_like(MIB, 4)
+    maps = fetch_pool.ChunkMaps()
+    assert maps.limit >= 256, "the daemon's open-file limit leaves no room for mapped chunks"
+    maps.limit = 2
+    memfd = _memfd_with(data)
+    try:
+        first, second = maps.chunk_in(memfd, len(data)), maps.chunk_in(memfd, len(data))
+        third = maps.chunk_in(memfd, len(data))
+        assert [isinstance(view.obj, mmap.mmap) for view in (first, second, third)] == [True, True, False]
+        assert all(bytes(view) == data for view in (first, second, third))
+        assert maps.mapped == 2
+        part = first[10:20]  # a view of the map keeps it mapped
+        del first
+        assert maps.mapped == 2
+        del part
+        assert maps.mapped == 1
+        assert isinstance(maps.chunk_in(memfd, len(data)).obj, mmap.mmap)
+    finally:
+        os.close(memfd)
+
+
 def test_a_chunk_that_cannot_be_mapped_is_copied(monkeypatch):
     """Out of memory maps (``vm.max_map_count``), the daemon reads the child's memfd instead."""
-    data = _checkpoint_like(MIB, 4)
-    memfd = os.memfd_create("test-chunk")
+    data = _checkpoint_like(MIB, 5)
+    maps = fetch_pool.ChunkMaps()
+    memfd = _memfd_with(data)
+
+    def no_more_maps(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(fetch_pool.mmap, "mmap", no_more_maps)
     try:
-        os.write(memfd, data)
-        mapped = fetch_pool._chunk_in(memfd, len(data))
-        assert bytes(mapped) == data and mapped.readonly
-
-        def no_more_maps(*args, **kwargs):
-            raise OSError(errno.ENOMEM, "Cannot allocate memory")
-
-        monkeypatch.setattr(fetch_pool.mmap, "mmap", no_more_maps)
-        copied = fetch_pool._chunk_in(memfd, len(data))
-        assert bytes(copied) == data
+        copied = maps.chunk_in(memfd, len(data))
+        assert bytes(copied) == data and maps.mapped == 0
     finally:
         os.close(memfd)

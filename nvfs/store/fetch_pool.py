@@ -25,14 +25,17 @@ with an error before it was ready: then the pool turns itself off and says so in
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import mmap
 import os
 import pickle
+import resource
 import socket
 import subprocess
 import sys
 import threading
+import weakref
 
 from nvfs.backend import BackendError, ObjectNotFound
 from nvfs.backend.http_get import BACKOFF_CAP, SignedGet
@@ -58,8 +61,9 @@ class FetchProcessNotStarted(FetchProcessFailed):
 class _Lane:
     """One request at a time to one child, over a socket pair."""
 
-    def __init__(self) -> None:
+    def __init__(self, maps: ChunkMaps) -> None:
         self.socket, self.child_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._maps = maps
         self._ready = False  # until the child's thread for this lane said so
 
     def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
@@ -82,7 +86,7 @@ class _Lane:
             status, detail = pickle.loads(reply)
             if status != "ok":
                 raise _FAILURES[status](detail)
-            return _chunk_in(memfd, length)
+            return self._maps.chunk_in(memfd, length)
         finally:
             os.close(memfd)
 
@@ -105,27 +109,72 @@ class _Lane:
         self.child_socket.close()
 
 
-def _chunk_in(memfd: int, length: int) -> memoryview:
-    """The ``length`` bytes a child left in ``memfd``: mapped, or read out where it cannot be.
+class ChunkMaps:
+    """Maps the chunks children leave in memfds, as many as the process can afford; copies the rest.
 
-    A map needs no copy; it is one of the process's memory maps (``vm.max_map_count``,
-    65530 by default), which a large cache of small chunks could use up.
+    A map needs no copy, but each costs a memory map (``vm.max_map_count``, 65530 by default)
+    and, as CPython's mmap keeps a duplicate of the descriptor, an open file: a cache of 8 GiB
+    in 4 MiB chunks would hold 2048 of them, past the usual soft limit of 1024, and the daemon
+    could then open no socket. So the soft limit is raised to the hard one, and at most half of
+    it, and of the map count, is used for chunks.
     """
+
+    def __init__(self) -> None:
+        self.limit = min(_raise_open_file_limit(), _max_map_count()) // 2
+        self.mapped = 0
+        self._lock = threading.Lock()
+
+    def chunk_in(self, memfd: int, length: int) -> memoryview:
+        """The ``length`` bytes a child left in ``memfd``: mapped, or read out into the heap."""
+        if self._take():
+            try:
+                chunk = mmap.mmap(memfd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                                  prot=mmap.PROT_READ)
+            except OSError as exc:
+                self._give_back()
+                log.debug("cannot map a fetched chunk (%s): copying it", exc)
+            else:
+                weakref.finalize(chunk, self._give_back)  # once the last view of it is gone
+                return memoryview(chunk)
+        data = bytearray(length)
+        os.preadv(memfd, [data], 0)
+        return memoryview(data)
+
+    def _take(self) -> bool:
+        with self._lock:
+            if self.mapped >= self.limit:
+                return False
+            self.mapped += 1
+            return True
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self.mapped -= 1
+
+
+def _raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one; returns the soft limit then in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _max_map_count() -> int:
     try:
-        return memoryview(mmap.mmap(memfd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                                    prot=mmap.PROT_READ))
-    except OSError as exc:
-        log.debug("cannot map a fetched chunk (%s): copying it", exc)
-    data = bytearray(length)
-    os.preadv(memfd, [data], 0)
-    return memoryview(data)
+        with open("/proc/sys/vm/max_map_count") as knob:
+            return int(knob.read())
+    except (OSError, ValueError):
+        return 65530  # the kernel's default
 
 
 class _Child:
     """A fetch process and its lanes."""
 
-    def __init__(self, lanes: int) -> None:
-        self.lanes = [_Lane() for _ in range(lanes)]
+    def __init__(self, lanes: int, maps: ChunkMaps) -> None:
+        self.lanes = [_Lane(maps) for _ in range(lanes)]
         fds = [lane.child_socket.fileno() for lane in self.lanes]
         self.served = 0
         self.process = subprocess.Popen(
@@ -153,6 +202,7 @@ class FetchPool:
     def __init__(self, processes: int, fetches: int) -> None:
         self.processes = processes
         self.lanes = -(-fetches // processes)
+        self.maps = ChunkMaps()
         self._children: list[_Child] = []
         self._idle: list[tuple[_Child, _Lane]] = []
         self._cond = threading.Condition()
@@ -211,7 +261,7 @@ class FetchPool:
 
     def _start_child(self) -> None:
         try:
-            child = _Child(self.lanes)
+            child = _Child(self.lanes, self.maps)
         except OSError as exc:
             self._turn_off(f"cannot start a fetch process: {exc}")
             return
