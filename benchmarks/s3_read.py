@@ -304,7 +304,8 @@ def print_table(results: Results) -> None:
         vs = f"{r.vs_plain:.2f}x" if r.vs_plain is not None else "-"
         secs = "-" if math.isnan(r.seconds) else f"{r.seconds:.2f}"
         print(f"{r.part:<4} {r.what:<48} {secs:>8} {gbps:>7} {vs:>8}  {r.detail}")
-    print("(GB/s: logical bytes / seconds, 1 GB = 1e9 B; x plain: nvfs GB/s / best plain boto3 GB/s)")
+    print("(GB/s: logical bytes / seconds, 1 GB = 1e9 B; x plain: nvfs GB/s / best plain boto3 GB/s; "
+          "daemon CPU and VmHWM: the nvfs daemon with its fetch processes)")
     for note in results.notes:
         print(f"  {note}")
 
@@ -455,14 +456,14 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
 
     # (f) the restore nvfs replaces: download, then torch.load. What torch.load is judged by.
     drop_caches()
-    plain_restore = results.add(Row("1f", "plain boto3: get_object into memory + torch.load, new process",
+    plain_restore = results.add(Row("1f", "plain boto3: get_object + torch.load, new proc",
                                     timed_plain_restore(server, BUCKET_PLAIN, "ckpt.pt"), size,
-                                    detail="streamed as 1c into a BytesIO, then torch.load of it"))
+                                    detail="get_object streamed as in 1c into a BytesIO, then torch.load"))
 
     # (e) torch.load with the file in the page cache: the loader's own speed, no FUSE, no S3.
     client.download_file(BUCKET_PLAIN, "ckpt.pt", str(target), Config=TransferConfig())
     timed_cat(target)  # every page cached
-    memory_load = results.add(Row("1e", "torch.load(FILE) from the page cache, new process",
+    memory_load = results.add(Row("1e", "torch.load(FILE) page-cached copy, new process",
                                   timed_torch_load(target), size,
                                   detail="a local copy read once before: no FUSE, no S3"))
     target.unlink()

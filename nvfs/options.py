@@ -70,7 +70,7 @@ def default_fetch_procs(cores: int) -> int:
     Two where there are cores for them. On 16 cores, alternating, a cold 2 GiB ``cat`` from
     SeaweedFS read 0.78 and 0.89 GB/s without them, 1.12 and 1.05 with two (``torch.load``:
     0.80 and 0.86, 0.95 and 0.85); with evicted chunks unmapped off the event loop since,
-    two gave 1.25-1.49 GB/s (``torch.load`` 0.99-1.14) in later runs, the daemon and both
+    two gave 1.24-1.49 GB/s (``torch.load`` 0.99-1.14) in later runs, the daemon and both
     children at 521-646 MiB. On 2 cores two slowed ``cat`` from 0.64-0.65 to 0.51 GB/s:
     there the children and SeaweedFS compete for the same cores.
     """

@@ -6,7 +6,7 @@ it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, whil
 same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
 child process, with its own interpreter and GIL, GETs, decodes and verifies each chunk;
 the daemon signs the GET, waits without the GIL and maps the memory the child decoded it
-into. With two children (8 lanes each) that cat ran at 1.25-1.49 GB/s (plain
+into. With two children (8 lanes each) that cat ran at 1.24-1.49 GB/s (plain
 ``get_object``: 1.42-1.70) and the daemon's own CPU fell to about 2 s.
 
 A child serves several *lanes*. A lane is a socket pair (``SOCK_SEQPACKET``: one message
