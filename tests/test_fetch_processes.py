@@ -20,8 +20,7 @@ import pytest
 
 from benchmarks.common import children_of
 from nvfs.backend.http_get import GetterSettings, SignedGet
-from nvfs.store import fetch_pool
-from nvfs.store.fetch_pool import FetchPool, FetchProcessFailed
+from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
 from tests.conftest import drop_cache, wait_until_dead
 
 MIB = 1 << 20
@@ -172,7 +171,7 @@ def _memfd_with(data: bytes) -> int:
 def test_chunks_are_mapped_up_to_the_limit_and_copied_past_it():
     """Each mapped chunk holds a descriptor: past the limit the daemon reads the memfd instead."""
     data = _checkpoint_like(MIB, 4)
-    maps = fetch_pool.ChunkMaps()
+    maps = ChunkMaps()
     assert maps.limit >= 256, "the daemon's open-file limit leaves no room for mapped chunks"
     maps.limit = 2
     memfd = _memfd_with(data)
@@ -195,13 +194,13 @@ def test_chunks_are_mapped_up_to_the_limit_and_copied_past_it():
 def test_a_chunk_that_cannot_be_mapped_is_copied(monkeypatch):
     """Out of memory maps (``vm.max_map_count``), the daemon reads the child's memfd instead."""
     data = _checkpoint_like(MIB, 5)
-    maps = fetch_pool.ChunkMaps()
+    maps = ChunkMaps()
     memfd = _memfd_with(data)
 
     def no_more_maps(*args, **kwargs):
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
-    monkeypatch.setattr(fetch_pool.mmap, "mmap", no_more_maps)
+    monkeypatch.setattr(mmap, "mmap", no_more_maps)
     try:
         copied = maps.chunk_in(memfd, len(data))
         assert bytes(copied) == data and maps.mapped == 0

@@ -23,7 +23,7 @@ from nvfs.store import Store
 from nvfs.vfs import ROOT_INO, Vfs, VfsConfig
 
 CHUNK = 1 << 20
-REQUEST = CHUNK  # one chunk each: a batch spans more than the one chunk of reordering tolerated
+REQUEST = CHUNK  # one chunk each, as the kernel sends a 1 MiB read-ahead window
 SIZE = 48 * CHUNK
 READAHEAD = 16 * CHUNK
 

@@ -22,7 +22,7 @@ from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
 from nvfs.codec import CpuEngine, Engine
 from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
-from nvfs.store.fetch_pool import READY
+from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY
 
 _REQUEST_LIMIT = 1 << 16
 
@@ -49,8 +49,7 @@ def _decode_into(memfd: int, request: SignedGet, chunk_id: str, length: int, has
     Chunks of float planes decode straight into it: no buffer of their own, no copy.
     """
     blob = getters(request.settings).get(request.key, request.path, request.headers)
-    # Faulted in at once: one call instead of a page fault per 4 KiB while decoding.
-    target = memoryview(mmap.mmap(memfd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE))
+    target = memoryview(mmap.mmap(memfd, length, flags=CHUNK_MAP_FLAGS))
     data = decode_chunk(blob, engine, chunk_id, chunk_hash(hash_name), length, out=target)
     if data is not target:
         np.frombuffer(target, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)

@@ -47,6 +47,9 @@ _REPLY_LIMIT = 1 << 16  # bytes: a status and a message
 READY = b"ready"  # a child's first message on each lane, once it has imported everything
 _START_TIMEOUT = 60.0  # seconds a new child may take to get ready
 _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
+# How a chunk's memfd is mapped, by the child and then the daemon: faulted in by one call,
+# not a page fault per 4 KiB.
+CHUNK_MAP_FLAGS = mmap.MAP_SHARED | mmap.MAP_POPULATE
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
 
 
@@ -128,8 +131,7 @@ class ChunkMaps:
         """The ``length`` bytes a child left in ``memfd``: mapped, or read out into the heap."""
         if self._take():
             try:
-                chunk = mmap.mmap(memfd, length, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                                  prot=mmap.PROT_READ)
+                chunk = mmap.mmap(memfd, length, flags=CHUNK_MAP_FLAGS, prot=mmap.PROT_READ)
             except OSError as exc:
                 self._give_back()
                 log.debug("cannot map a fetched chunk (%s): copying it", exc)

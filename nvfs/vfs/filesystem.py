@@ -723,7 +723,7 @@ class Vfs:
         if offset >= end:
             return b""
         # Before waiting for this read's chunks: the kernel sends a sequential reader's
-        # requests in order, several at a time, and they finish in any order.
+        # requests several at a time, and they finish in any order.
         self._read_ahead(handle, content, offset, end)
         chunk = content.chunk_size
         pieces: list[bytes | memoryview] = []
