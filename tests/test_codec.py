@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import random
 import struct
 
 import numpy as np
@@ -225,6 +226,32 @@ def test_layout_of_torch_save_and_safetensors(chunk):
         for kind, size in expected.items():
             assert found.get(kind, 0) >= size - 2 * 8 * (len(blob) // chunk + 1), (kind, found)
             assert found.get(kind, 0) <= size
+
+
+def test_regions_among_many_spans():
+    """Each chunk of a file with a thousand tensors gets exactly the values of the spans it cuts."""
+    from nvfs.codec.layout import Span, _regions
+
+    rng, spans, position = random.Random(6), [], 64
+    for index in range(1000):
+        kind = (ElementKind.FP32, ElementKind.BF16)[index % 2]
+        length = rng.randrange(300 << 10, 600 << 10, 4)  # large: regions are not merged
+        spans.append(Span(position, position + length, kind))
+        position += length + rng.randrange(0, 256, 4)
+    chunk = 4 << 20
+    for start in range(0, position, chunk):
+        end = min(start + chunk, position)
+        regions, cursor = _regions(spans, start, end), start
+        assert sum(region.length for region in regions) == end - start
+        for region in regions:
+            if region.kind != ElementKind.BYTES:
+                assert any(span.kind == region.kind and span.start <= cursor
+                           and cursor + region.length <= span.end for span in spans)
+            cursor += region.length
+        expected = sum(min(span.end, end) - max(span.start, start) for span in spans
+                       if span.start < end and span.end > start)
+        found = sum(region.length for region in regions if region.kind != ElementKind.BYTES)
+        assert expected - 8 <= found <= expected  # a value cut by a chunk boundary is coded as bytes
 
 
 def test_pickle_is_read_without_running_code(tmp_path):

@@ -16,6 +16,7 @@ regions it holds. Anything it cannot place (other formats, out-of-order writes) 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import io
 import json
@@ -23,6 +24,7 @@ import pickle
 import re
 import struct
 from dataclasses import dataclass
+from operator import attrgetter
 
 from nvfs.codec.base import ElementKind
 from nvfs.codec.planes import ITEM_SIZE, Region
@@ -398,11 +400,18 @@ class LayoutTracker:
 
 
 def _regions(spans: list[Span], start: int, end: int) -> list[Region]:
-    """Partition ``[start, end)`` into regions: whole values of known spans, bytes elsewhere."""
+    """Partition ``[start, end)`` into regions: whole values of known spans, bytes elsewhere.
+
+    Spans are sorted and do not overlap, so their ends are sorted too: the first one that
+    reaches into the chunk is found by bisection. Scanning from the first span made a file
+    of n tensors cost O(n) per chunk on the thread that serves FUSE requests (20,000 spans:
+    0.46 ms per chunk).
+    """
     regions: list[Region] = []
     cursor = start
-    for span in spans:
-        if span.end <= start or span.kind == ElementKind.BYTES:
+    for index in range(bisect.bisect_right(spans, start, key=attrgetter("end")), len(spans)):
+        span = spans[index]
+        if span.kind == ElementKind.BYTES:
             continue
         if span.start >= end:
             break
