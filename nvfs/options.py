@@ -61,6 +61,7 @@ class MountOptions:
     stage_size: int = 16 << 30
     cache_dir: str | None = None
     cache_dir_size: int = 8 << 30
+    direct_writes: bool = True  # whole-file write-only handles bypass the page cache (-o cached_writes: not)
     fetch_procs: int = field(default_factory=lambda: default_fetch_procs(os.cpu_count() or 1))
 
 
@@ -103,11 +104,13 @@ def parse_options(specs: list[str]) -> MountOptions:
 def _apply(options: MountOptions, name: str, value: str | None) -> None:
     if name in GENERIC_OPTIONS or name.startswith("x-") or name == "comment":
         return
-    if name in ("allow_other", "ro", "async_close"):
+    if name in ("allow_other", "ro", "async_close", "cached_writes"):
         if value is not None:
             raise OptionError(f"{name} takes no value")
         if name == "async_close":
             options.vfs.async_close = True
+        elif name == "cached_writes":
+            options.direct_writes = False
         else:
             options.fuse.add(name)
         return

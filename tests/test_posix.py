@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import errno
 import hashlib
 import json
@@ -419,6 +420,75 @@ def test_concurrent_reads_of_uncached_chunks(mount_factory):
     assert "Traceback" not in mount.log()
 
 
+def resident_pages(path) -> int:
+    """How many of the file's pages are in the kernel page cache (mincore(2) of a mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = ctypes.create_string_buffer(pages)
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in vector.raw)
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize(("options", "cached"), [((), False), (("cached_writes",), True)],
+                         ids=["default", "cached_writes"])
+def test_write_only_handles_bypass_the_page_cache(mount_factory, options, cached):
+    """torch.save and cp open write-only and truncate: their pages go to nvfs, not the page cache."""
+    mount = mount_factory(options=options)
+    mount.mount()
+    path = mount.path / "ckpt.pt"
+    data = randbytes(4 * MIB, 40)
+    with open(path, "wb") as f:
+        f.write(data)
+    resident = resident_pages(path)
+    assert resident == (len(data) // mmap.PAGESIZE if cached else 0)
+    assert read_fresh(path) == data
+
+
+def test_whole_file_rewrite_is_seen_by_a_reader_holding_cached_pages(small):
+    path = small.path / "shared"
+    data = randbytes(6 * SMALL_CHUNK, 41)
+    path.write_bytes(data)
+    with open(path, "rb") as reader:
+        assert reader.read() == data  # its pages are now cached (and kept across opens)
+        assert resident_pages(path) > 0
+        rewritten = randbytes(5 * SMALL_CHUNK + 100, 42)
+        path.write_bytes(rewritten)  # O_WRONLY | O_TRUNC: past the page cache
+        assert os.pread(reader.fileno(), len(data), 0) == rewritten
+    assert_reads_back(small, path, rewritten)
+
+
+def test_dirty_cached_pages_do_not_land_on_a_later_whole_file_write(small):
+    """A read-write handle's dirty pages do not come back after a direct writer truncated the file."""
+    path = small.path / "mixed"
+    path.write_bytes(randbytes(4 * SMALL_CHUNK, 43))
+    with open(path, "r+b") as cached:
+        os.pwrite(cached.fileno(), randbytes(2 * SMALL_CHUNK, 44), 0)  # dirty in the writeback cache
+        direct = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            second = randbytes(2 * SMALL_CHUNK, 45)
+            os.pwrite(direct, second, SMALL_CHUNK)
+        finally:
+            os.close(direct)
+        expected = bytes(SMALL_CHUNK) + second
+        assert os.pread(cached.fileno(), 4 * SMALL_CHUNK, 0) == expected
+    assert_reads_back(small, path, expected)
+
+
 def test_sparse_file(small):
     path = small.path / "sparse"
     head, tail = b"head", b"tail-data"
@@ -736,6 +806,25 @@ def test_file_mtime_persists(mounted):
     assert mtime > 0
     mounted.remount()
     assert os.stat(path).st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("flags", [os.O_TRUNC, 0], ids=["truncating", "in_place"])
+def test_write_only_rewrite_moves_the_mtime(mounted, flags):
+    """A rewrite (direct or cached) moves the mtime, and the mount shows what it stores."""
+    path = mounted.path / "m"
+    path.write_bytes(b"0123456789")
+    old = 10**18  # 2001-09-09, long before this test ran
+    os.utime(path, ns=(old, old))
+    fd = os.open(path, os.O_WRONLY | flags)
+    try:
+        os.pwrite(fd, b"ab", 4)
+    finally:
+        os.close(fd)
+    mtime = os.stat(path).st_mtime_ns
+    assert mtime > old
+    mounted.remount()
+    assert os.stat(path).st_mtime_ns == mtime
+    assert path.read_bytes() == (b"\0\0\0\0ab" if flags else b"0123ab6789")
 
 
 def test_symlink_readlink_persist(mounted):

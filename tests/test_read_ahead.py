@@ -42,7 +42,7 @@ def test_requests_out_of_order_keep_a_sequential_reader_sequential(tmp_path, arr
         vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), config)
         async with trio.open_nursery() as nursery:
             vfs.start(nursery)
-            fh, node = await vfs.create(ROOT_INO, "ckpt", 0o644, 0, 0, os.O_WRONLY)
+            fh, node = await vfs.create(ROOT_INO, "ckpt", 0o644, 0, 0)
             await vfs.write(fh, 0, data)
             await vfs.flush(fh)
             await vfs.release(fh)

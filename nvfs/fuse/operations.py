@@ -65,14 +65,31 @@ def _attributes(st: Stat) -> pyfuse3.EntryAttributes:
     return attrs
 
 
+def writes_direct(flags: int, created: bool) -> bool:
+    """Whether a new handle is written past the page cache (FUSE ``direct_io``).
+
+    A write-only handle that creates or truncates its file -- ``torch.save``, ``cp``,
+    safetensors writing a checkpoint -- gets ``direct_io``: the kernel hands the writer's own
+    pages to nvfs instead of copying them into its page cache first, and a write no longer
+    makes it ask nvfs for ``security.capability`` (which it does on every write(2) through
+    the cache, waiting behind the writes queued before it). The cost is a round trip per
+    request of a writer that writes a few KiB at a time (``-o cached_writes`` keeps the
+    cache). A write-only handle that neither creates nor truncates (a patch in place) stays
+    cached: the kernel moves the mtime only for cached writes and for O_TRUNC.
+    """
+    whole_file = created or bool(flags & os.O_TRUNC)
+    return whole_file and (flags & os.O_ACCMODE) == os.O_WRONLY
+
+
 class Operations(pyfuse3.Operations):
     """The kernel's view of a :class:`Vfs`."""
 
     supports_dot_lookup = True
 
-    def __init__(self, vfs: Vfs) -> None:
+    def __init__(self, vfs: Vfs, direct_writes: bool = True) -> None:
         super().__init__()
         self.vfs = vfs
+        self._direct_writes = direct_writes
         # Page cache survives open/close only where no other mount can change a file.
         self._keep_cache = vfs.config.metadata_ttl is None
         # With the writeback cache the kernel gathers small writes into large ones and
@@ -80,6 +97,20 @@ class Operations(pyfuse3.Operations):
         # page back first); but it then trusts its own file sizes, so files another mount
         # changes would keep their old size here: only for a store no one else writes.
         self.enable_writeback_cache = self._keep_cache
+
+    def _open_flags(self, flags: int, created: bool) -> tuple[bool, bool]:
+        """(direct_io, whether the handle's writes set the mtime) for a new handle.
+
+        With the writeback cache the kernel keeps a file's mtime itself and does not advance
+        it for direct writes (it set it when the file was created or truncated): a direct
+        handle's writes leave the mtime where the kernel has it, or the mount would show
+        one mtime and store another.
+        """
+        direct = self._direct_writes and writes_direct(flags, created)
+        return direct, not (direct and self.enable_writeback_cache)
+
+    def _file_info(self, fh: int, direct: bool) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache, direct_io=direct)
 
     def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
         self.vfs.remember(node)
@@ -158,12 +189,15 @@ class Operations(pyfuse3.Operations):
 
     @_translated
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=await self.vfs.open(inode, flags), keep_cache=self._keep_cache)
+        direct, sets_mtime = self._open_flags(flags, created=False)
+        return self._file_info(await self.vfs.open(inode, flags, sets_mtime=sets_mtime), direct)
 
     @_translated
     async def create(self, parent_inode, name, mode, flags, ctx):
-        fh, node = await self.vfs.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid, flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=self._keep_cache), self._entry(node)
+        direct, sets_mtime = self._open_flags(flags, created=True)
+        fh, node = await self.vfs.create(parent_inode, _name(name), mode, ctx.uid, ctx.gid,
+                                         sets_mtime=sets_mtime)
+        return self._file_info(fh, direct), self._entry(node)
 
     @_translated
     async def read(self, fh, off, size):

@@ -63,10 +63,11 @@ class VfsConfig:
 
 @dataclass
 class Handle:
-    """An open file: its node and the state of its sequential-read detector."""
+    """An open file: its node, how its writes count, and the state of its sequential-read detector."""
 
     node: Node
     writable: bool
+    sets_mtime: bool = True  # False where the kernel keeps the mtime of what this handle writes
     next_offset: int = 0
     streak: int = 0  # bytes read since the last seek
     ahead: int = 0  # first chunk index that read-ahead has not been asked for yet
@@ -425,12 +426,12 @@ class Vfs:
         node.content = None
         self._maybe_drop(node)
 
-    def _open_handle(self, node: Node, writable: bool) -> int:
+    def _open_handle(self, node: Node, writable: bool, sets_mtime: bool) -> int:
         self._ensure_content(node)
         node.open_count += 1
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = Handle(node, writable)
+        self._handles[fh] = Handle(node, writable, sets_mtime)
         return fh
 
     def handle(self, fh: int) -> Handle:
@@ -439,19 +440,19 @@ class Vfs:
         except KeyError:
             raise VfsError(errno.EBADF) from None
 
-    async def open(self, ino: int, flags: int) -> int:
+    async def open(self, ino: int, flags: int, *, sets_mtime: bool = True) -> int:
         node = self.node(ino)
         if node.kind != "file":
             raise VfsError(errno.EISDIR if node.is_dir else errno.EINVAL)
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
-        fh = self._open_handle(node, writable)
+        fh = self._open_handle(node, writable, sets_mtime)
         if writable and flags & os.O_TRUNC and node.size() > 0:
             async with node.lock:
                 await self._truncate(node, 0)
         return fh
 
-    async def create(self, parent_ino: int, name: str, mode: int, uid: int, gid: int,
-                     flags: int) -> tuple[int, Node]:
+    async def create(self, parent_ino: int, name: str, mode: int, uid: int, gid: int, *,
+                     sets_mtime: bool = True) -> tuple[int, Node]:
         parent = self.node(parent_ino)
         children = await self._check_new_name(parent, name)
         now = time.time_ns()
@@ -459,7 +460,7 @@ class Vfs:
         node = self._new_node(parent, name, meta, committed=False)
         children[name] = node
         parent.mtime_ns = parent.ctime_ns = now
-        return self._open_handle(node, writable=True), node
+        return self._open_handle(node, writable=True, sets_mtime=sets_mtime), node
 
     async def flush(self, fh: int) -> None:
         """close(2): commit the file, or with ``async_close`` start committing it and return."""
@@ -581,7 +582,8 @@ class Vfs:
             if content.error is not None:
                 raise VfsError(errno.EIO, f"an earlier write failed: {content.error}")
             await self._write_locked(node, content, offset, memoryview(data))
-            node.mtime_ns = node.ctime_ns = time.time_ns()
+            if handle.sets_mtime:
+                node.mtime_ns = node.ctime_ns = time.time_ns()
         return len(data)
 
     async def _write_locked(self, node: Node, content: FileContent, offset: int, data: memoryview) -> None:
