@@ -69,3 +69,34 @@ def test_requests_out_of_order_keep_a_sequential_reader_sequential(tmp_path, arr
             nursery.cancel_scope.cancel()
 
     trio.run(scenario)
+
+
+def test_a_run_from_the_start_of_the_file_reads_ahead_farther(tmp_path):
+    """A copy or restore (a run from offset 0) gets twice its streak; a run after a seek half of it."""
+    config = VfsConfig(chunk_size=CHUNK, cache_size=64 * CHUNK, readahead=READAHEAD, threads=4)
+
+    async def scenario() -> None:
+        vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), config)
+        async with trio.open_nursery() as nursery:
+            vfs.start(nursery)
+            fh, node = await vfs.create(ROOT_INO, "ckpt", 0o644, 0, 0)
+            await vfs.write(fh, 0, os.urandom(SIZE))
+            await vfs.flush(fh)
+            await vfs.release(fh)
+            fh = await vfs.open(node.ino, os.O_RDONLY)
+            handle = vfs.handle(fh)
+            await vfs.read(fh, 0, CHUNK // 2)  # a header: less than a chunk read, no run yet
+            assert handle.ahead == 1
+            for offset in range(CHUNK // 2, 4 * CHUNK, REQUEST // 2):
+                await vfs.read(fh, offset, REQUEST // 2)
+            assert handle.ahead == 4 + 2 * 4  # the next chunk, then twice the 4 chunks read
+            for offset in range(4 * CHUNK, 12 * CHUNK, REQUEST):
+                await vfs.read(fh, offset, REQUEST)
+            assert handle.ahead == 12 + READAHEAD // CHUNK  # twice 12 chunks: over the limit
+            for offset in range(36 * CHUNK, 40 * CHUNK, REQUEST):  # a seek: a run of its own
+                await vfs.read(fh, offset, REQUEST)
+            assert handle.ahead == 40 + 4 // 2
+            await vfs.release(fh)
+            nursery.cancel_scope.cancel()
+
+    trio.run(scenario)

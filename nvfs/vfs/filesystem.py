@@ -70,6 +70,7 @@ class Handle:
     sets_mtime: bool = True  # False where the kernel keeps the mtime of what this handle writes
     next_offset: int = 0
     streak: int = 0  # bytes read since the last seek
+    run_start: int = 0  # where the reader was when it last seeked
     ahead: int = 0  # first chunk index that read-ahead has not been asked for yet
 
 
@@ -796,8 +797,11 @@ class Vfs:
         """Fetch the chunks after a sequential reader's position before it asks for them.
 
         The window is half of what the reader has asked for since its last seek, up to
-        ``readahead`` bytes: a restore soon streams far ahead, while a reader of one tensor
-        (``safe_open``, an mmap) fetches little beyond the tensor. A jump farther than
+        ``readahead`` bytes: a reader of one tensor (``safe_open``, an mmap) fetches little
+        beyond the tensor. A run that began at the start of the file and has read a whole
+        chunk is a copy or a restore (``cat``, ``cp``, ``torch.load``): its window is twice
+        what it has read, so that it reaches ``readahead`` after 32 MiB rather than 128, the
+        part of a cold restore in which the reader waited for chunks. A jump farther than
         ``STRAGGLER_DISTANCE`` (or a chunk) starts over; a reader skipping a zip header stays
         sequential, and so do requests the kernel sends a little out of order.
         Called as a read arrives: judged as they finished, concurrent requests looked like seeks.
@@ -808,7 +812,9 @@ class Vfs:
             handle.next_offset = max(handle.next_offset, end)
         else:
             handle.streak, handle.ahead, handle.next_offset = end - offset, 0, end
-        window = min(handle.streak // 2, self.config.readahead) // chunk
+            handle.run_start = offset
+        whole_file = handle.run_start == 0 and handle.streak >= chunk
+        window = min(2 * handle.streak if whole_file else handle.streak // 2, self.config.readahead) // chunk
         assert self._nursery is not None
         first = (end - 1) // chunk + 1
         last = min(first + window, len(content.slots))
