@@ -472,15 +472,35 @@ def test_whole_file_rewrite_is_seen_by_a_reader_holding_cached_pages(small):
     assert_reads_back(small, path, rewritten)
 
 
-def test_dirty_cached_pages_do_not_land_on_a_later_whole_file_write(small):
+def test_dirty_cached_pages_and_a_whole_file_writer(small):
+    """Dirty pages of a read-write handle land before a direct write of the same range, never after."""
+    path = small.path / "mixed"
+    direct = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # past the page cache
+    try:
+        data = bytearray(randbytes(4 * SMALL_CHUNK, 43))
+        os.pwrite(direct, data, 0)
+        with open(path, "r+b") as cached:
+            first = randbytes(2 * SMALL_CHUNK, 44)
+            os.pwrite(cached.fileno(), first, 0)  # dirty in the writeback cache for now
+            data[: len(first)] = first
+            second = randbytes(2 * SMALL_CHUNK, 45)
+            os.pwrite(direct, second, SMALL_CHUNK)
+            data[SMALL_CHUNK : 3 * SMALL_CHUNK] = second
+            assert os.pread(cached.fileno(), len(data), 0) == data
+    finally:
+        os.close(direct)
+    assert_reads_back(small, path, bytes(data))
+
+
+def test_dirty_cached_pages_do_not_land_on_a_later_truncating_writer(small):
     """A read-write handle's dirty pages do not come back after a direct writer truncated the file."""
     path = small.path / "mixed"
-    path.write_bytes(randbytes(4 * SMALL_CHUNK, 43))
+    path.write_bytes(randbytes(4 * SMALL_CHUNK, 46))
     with open(path, "r+b") as cached:
-        os.pwrite(cached.fileno(), randbytes(2 * SMALL_CHUNK, 44), 0)  # dirty in the writeback cache
+        os.pwrite(cached.fileno(), randbytes(2 * SMALL_CHUNK, 47), 0)  # dirty in the writeback cache
         direct = os.open(path, os.O_WRONLY | os.O_TRUNC)
         try:
-            second = randbytes(2 * SMALL_CHUNK, 45)
+            second = randbytes(2 * SMALL_CHUNK, 48)
             os.pwrite(direct, second, SMALL_CHUNK)
         finally:
             os.close(direct)
