@@ -1078,6 +1078,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-verify", action="store_true", help="skip the read-back checks")
     parser.add_argument("--no-probe", action="store_true", help="skip the nvfs engine-only diagnostic")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (stores, logs)")
+    parser.add_argument("--no-torch-crc32", action="store_true",
+                        help="torch.save without the CRC-32 of each record it writes "
+                             "(torch.utils.serialization.config.save.compute_crc32 = False)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="save into every target this many times, in alternating order, and report "
                              "each target's median round (default 1)")
@@ -1179,6 +1182,9 @@ def run(args: argparse.Namespace, work: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.no_torch_crc32:
+        from torch.utils.serialization import config as torch_serialization
+        torch_serialization.save.compute_crc32 = False
     signal.signal(signal.SIGTERM, raise_on_sigterm)
     work = make_workdir(args.workdir, "nvfs-bench-write-")
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
@@ -1186,6 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tools: juicefs {tool_version('juicefs', '--version')}; weed {tool_version('weed', 'version')}; "
           f"nvfs {nvfs_revision()}")
     print(f"workdir: {work}; {load_note()}", flush=True)
+    if args.no_torch_crc32:
+        print("torch.save computes no CRC-32 of its records (--no-torch-crc32)")
     try:
         return run(args, work)
     finally:
