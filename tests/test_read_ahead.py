@@ -20,12 +20,22 @@ import trio.testing
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.codec.cpu import CpuEngine
 from nvfs.store import Store
-from nvfs.vfs import ROOT_INO, Vfs, VfsConfig
+from nvfs.vfs import ROOT_INO, Node, Vfs, VfsConfig
 
 CHUNK = 1 << 20
 REQUEST = CHUNK  # one chunk each, as the kernel sends a 1 MiB read-ahead window
 SIZE = 48 * CHUNK
 READAHEAD = 16 * CHUNK
+CONFIG = VfsConfig(chunk_size=CHUNK, cache_size=64 * CHUNK, readahead=READAHEAD, threads=4)
+
+
+async def stored_file(vfs: Vfs, data: bytes) -> Node:
+    """Write ``data`` as the committed file ``ckpt``."""
+    fh, node = await vfs.create(ROOT_INO, "ckpt", 0o644, 0, 0)
+    await vfs.write(fh, 0, data)
+    await vfs.flush(fh)
+    await vfs.release(fh)
+    return node
 
 
 # Positions (in requests) in the order the kernel sends them, per batch of 8.
@@ -36,18 +46,13 @@ STRAGGLERS = [0, 1, 4, 5, 6, 7, 2, 3]  # 2 and 3 come after 7: 6 MiB behind the 
 @pytest.mark.parametrize("arrival", [IN_ORDER, STRAGGLERS], ids=["in-order", "stragglers"])
 def test_requests_out_of_order_keep_a_sequential_reader_sequential(tmp_path, arrival):
     data = os.urandom(SIZE)
-    config = VfsConfig(chunk_size=CHUNK, cache_size=64 * CHUNK, readahead=READAHEAD, threads=4)
 
     async def scenario() -> None:
-        vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), config)
+        vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), CONFIG)
         async with trio.open_nursery() as nursery:
             vfs.start(nursery)
-            fh, node = await vfs.create(ROOT_INO, "ckpt", 0o644, 0, 0)
-            await vfs.write(fh, 0, data)
-            await vfs.flush(fh)
-            await vfs.release(fh)
-
-            reader = Vfs(vfs.store, config)  # a fresh cache: every chunk comes from the store
+            await stored_file(vfs, data)
+            reader = Vfs(vfs.store, CONFIG)  # a fresh cache: every chunk comes from the store
             reader.start(nursery)
             ino = (await reader.lookup(ROOT_INO, "ckpt")).ino
             fh = await reader.open(ino, os.O_RDONLY)
@@ -73,16 +78,12 @@ def test_requests_out_of_order_keep_a_sequential_reader_sequential(tmp_path, arr
 
 def test_a_run_from_the_start_of_the_file_reads_ahead_farther(tmp_path):
     """A copy or restore (a run from offset 0) gets twice its streak; a run after a seek half of it."""
-    config = VfsConfig(chunk_size=CHUNK, cache_size=64 * CHUNK, readahead=READAHEAD, threads=4)
 
     async def scenario() -> None:
-        vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), config)
+        vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), CONFIG)
         async with trio.open_nursery() as nursery:
             vfs.start(nursery)
-            fh, node = await vfs.create(ROOT_INO, "ckpt", 0o644, 0, 0)
-            await vfs.write(fh, 0, os.urandom(SIZE))
-            await vfs.flush(fh)
-            await vfs.release(fh)
+            node = await stored_file(vfs, os.urandom(SIZE))
             fh = await vfs.open(node.ino, os.O_RDONLY)
             handle = vfs.handle(fh)
             await vfs.read(fh, 0, CHUNK // 2)  # a header: less than a chunk read, no run yet
