@@ -815,8 +815,8 @@ class Vfs:
         else:
             handle.streak, handle.ahead, handle.next_offset = end - offset, 0, end
             handle.run_start = offset
-        whole_file = handle.run_start == 0 and handle.streak >= chunk
-        window = min(2 * handle.streak if whole_file else handle.streak // 2, self.config.readahead) // chunk
+        from_start = handle.run_start == 0 and handle.streak >= chunk
+        window = min(2 * handle.streak if from_start else handle.streak // 2, self.config.readahead) // chunk
         assert self._nursery is not None
         first = (end - 1) // chunk + 1
         last = min(first + window, len(content.slots))
