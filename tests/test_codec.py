@@ -22,6 +22,7 @@ from nvfs.codec import (
     LayoutTracker,
     Region,
     Transform,
+    cpu_decodes,
     make_engine,
 )
 from nvfs.codec.planes import (
@@ -326,3 +327,10 @@ def test_engine_auto_falls_back_to_the_cpu_with_a_reason(caplog):
     assert any("using the CPU engine (" in record.getMessage() for record in caplog.records)
     with pytest.raises(CodecError, match="engine=gpu"):
         make_engine("gpu", 3)
+
+
+def test_the_cpu_decodes_every_encoding_but_ans():
+    """What fetch processes (CPU only) may be sent: every encoding a CPU or GPU writer makes, but ANS."""
+    names = ("raw", "zstd", "planes+raw", "planes+zstd", "planes+zstd_frames")
+    assert all(cpu_decodes(name) for name in names)
+    assert not cpu_decodes("planes+ans")

@@ -261,3 +261,33 @@ def test_torch_save_and_load_of_gigabytes_through_a_gpu_mount(gpu, mount_factory
     for name, tensor in state.items():
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
     mount.umount()
+
+
+def test_a_gpu_mount_on_s3_decodes_portable_chunks_in_fetch_processes(gpu_ans, mount_factory):
+    """Fetch processes serve a GPU mount too: portable chunks decode there, ANS chunks in the daemon.
+
+    Sent to a fetch process, an ANS chunk would come back as damaged (the CPU has no ANS
+    decoder): read exactly, it was decoded by the GPU engine.
+    """
+    from benchmarks.common import cpu_seconds
+    from tests.conftest import drop_cache
+    from tests.test_fetch_processes import MIB, _checkpoint_like, _fetch_children
+
+    files = {"ans.bin": _checkpoint_like(24 * MIB, 3), "portable.bin": _checkpoint_like(64 * MIB, 4)}
+    mount = mount_factory(options=("engine=gpu", "fetch_procs=2"), backend="s3")
+    for name, codec in (("ans.bin", "ans"), ("portable.bin", "portable")):
+        mount.mount(f"codec={codec}")
+        (mount.path / name).write_bytes(files[name])
+        assert ("ans" in os.getxattr(mount.path / name, "user.nvfs.codec").decode()) == (codec == "ans")
+        mount.umount()
+    mount.mount()
+    children = _fetch_children(mount.daemon_pid())
+    assert len(children) == 2
+    for name, data in files.items():
+        drop_cache(mount.path / name)
+        before = sum(cpu_seconds(pid) for pid in children)
+        assert (mount.path / name).read_bytes() == data, name
+        decoded_there = sum(cpu_seconds(pid) for pid in children) - before
+        if name == "portable.bin":
+            assert decoded_there > 0.02  # 64 MiB decoded: tens of milliseconds of their CPU
+    mount.umount()

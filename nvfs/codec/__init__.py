@@ -17,7 +17,7 @@ from nvfs.codec.planes import Region
 log = logging.getLogger(__name__)
 
 __all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine", "LayoutTracker", "Region",
-           "Transform", "make_engine"]
+           "Transform", "cpu_decodes", "make_engine"]
 
 
 def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "portable") -> Engine:
@@ -47,6 +47,11 @@ def make_engine(name: str, level: int, *, gpu: int = 0, codec: str = "portable")
                              f"usable: {exc}") from exc
         log.info("engine=auto: using the CPU engine (%s)", exc)
         return CpuEngine(level=level)
+
+
+def cpu_decodes(encoding: str) -> bool:
+    """Whether the CPU engine decodes chunks of ``encoding`` (an :attr:`Encoded.name`): all but ANS planes."""
+    return Codec.ANS.name.lower() not in encoding.split("+")
 
 
 def _check_gpu_packages() -> None:
