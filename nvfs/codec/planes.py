@@ -185,9 +185,9 @@ def from_planes(planes: Sequence[bytes | memoryview | np.ndarray], kind: Element
 
     Each plane goes into its byte of the rotated values (one strided pass per plane), then
     the values are rotated back in place in three passes, where widening every plane to a
-    value, shifting it and or-ing it in took three passes per plane. 4 MiB, timed over 50 calls on
-    the 2-core VM: fp32, most of an optimizer state, 1.94 ms instead of 2.94; fp64 2.09
-    instead of 5.38; bf16 1.88 as before.
+    value, shifting it and or-ing it in took three passes per plane. 4 MiB, timed over 50
+    calls on the 2-core VM: fp32, most of an optimizer state, 1.94 ms instead of 2.94; fp64
+    2.09 instead of 5.38; bf16 1.88 as before.
     """
     size = ITEM_SIZE[kind]
     target = np.frombuffer(out, dtype=np.uint8)

@@ -192,11 +192,10 @@ class Store:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY} is not an nvfs superblock")
         if version > STORE_FORMAT_VERSION:
             raise StoreError(f"{backend.describe()}: store format {version} is newer than this nvfs")
-        # Fetch processes decode on the CPU what comes by signed GETs, whatever the engine: with
-        # the GPU engine decoding in the daemon a cold cat of 2 GiB from SeaweedFS on the GPU host
-        # read at 0.97-1.01 GB/s, through fetch processes at 1.33-1.38 (16 cores, alternating):
-        # the GETs, not the decoding, hold the daemon's GIL. Not with a disk cache (objects are
-        # cached here).
+        # Fetch processes decode on the CPU what comes by signed GETs, whatever the engine: on
+        # the GPU host a cold cat of 2 GiB from SeaweedFS read at 0.97-1.01 GB/s with the GPU
+        # engine decoding in the daemon, which also ran the GETs, and at 1.25-1.28 with them in
+        # fetch processes. Not with a disk cache (objects are cached here).
         if fetch_pool is not None and (disk_cache is not None
                                        or backend.signed_get(CHUNK_PREFIX + "probe") is None):
             fetch_pool = None
