@@ -8,6 +8,8 @@
 # For benchmarks/s3_read.py and the GPU tests on S3 on that many-core machine (SeaweedFS there too):
 #   bash benchmarks/gpu_setup.sh s3kit      # here, after download: fills .gpu/s3/ (.gpu: about 62 MiB)
 #   bash benchmarks/gpu_setup.sh s3install  # there, carrying .gpu only; same exports as above
+# With nvCOMP installed, mounts there take the GPU engine (engine=auto): for the CPU engine's
+# numbers pass `--mount-options engine=cpu` to s3_read.py.
 #
 # What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal and trio (the machine's python3
 # already has torch, cupy, numpy, safetensors, pytest and hypothesis); libfuse3's shared library,
