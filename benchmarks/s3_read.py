@@ -178,15 +178,25 @@ def timed_cat(path: Path) -> float:
     return time.perf_counter() - start
 
 
+class CpuMeter:
+    """CPU seconds the daemon (with its fetch processes) and SeaweedFS spend from now on."""
+
+    def __init__(self, pid: int, server: SeaweedServer) -> None:
+        self.pid, self.server = pid, server
+        self.daemon, self.weed = tree_cpu_seconds(pid), cpu_seconds(server.pid)
+
+    def note(self) -> str:
+        return (f"daemon CPU {tree_cpu_seconds(self.pid) - self.daemon:.1f} s, weed CPU "
+                f"{cpu_seconds(self.server.pid) - self.weed:.1f} s")
+
+
 def cold_cat(mount: NvfsMount, path: Path, server: SeaweedServer) -> tuple[float, str]:
     """``cat`` on a fresh mount, page cache dropped: (seconds, CPU and memory); it stays mounted."""
     pid = mount.mount()
     drop_caches()
-    cpu0, weed0 = tree_cpu_seconds(pid), cpu_seconds(server.pid)
+    meter = CpuMeter(pid, server)
     seconds = timed_cat(path)
-    return seconds, (f"daemon CPU {tree_cpu_seconds(pid) - cpu0:.1f} s, weed CPU "
-                     f"{cpu_seconds(server.pid) - weed0:.1f} s, "
-                     f"daemon VmHWM {human(tree_status(pid, 'VmHWM'))}")
+    return seconds, f"{meter.note()}, daemon VmHWM {human(tree_status(pid, 'VmHWM'))}"
 
 
 def cold_get_object(client: Any, server: SeaweedServer, size: int) -> tuple[float, str]:
@@ -427,10 +437,9 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
         # (b) torch.load, cold.
         pid = mount.mount()
         drop_caches()
-        cpu0, weed0 = tree_cpu_seconds(pid), cpu_seconds(server.pid)
+        meter = CpuMeter(pid, server)
         load_s = timed_torch_load(path)
-        load_detail = (f"daemon CPU {tree_cpu_seconds(pid) - cpu0:.1f} s, weed CPU "
-                       f"{cpu_seconds(server.pid) - weed0:.1f} s")
+        load_detail = meter.note()
         loaded = torch.load(path, map_location="cpu", weights_only=True)  # untimed check
         verify(state, loaded)
         del loaded
@@ -446,12 +455,10 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
         timed_cat(path)  # fills the cache
         pid = mount.remount(cache)
         drop_caches()
-        cpu0, weed0 = tree_cpu_seconds(pid), cpu_seconds(server.pid)
+        meter = CpuMeter(pid, server)
         warm_s = timed_cat(path)
         results.add(Row("1d", "nvfs warm disk cache: cat FILE > /dev/null", warm_s, size,
-                        detail=f"daemon CPU {tree_cpu_seconds(pid) - cpu0:.1f} s, weed CPU "
-                               f"{cpu_seconds(server.pid) - weed0:.1f} s; chunks from -o cache_dir, "
-                               "page cache dropped"))
+                        detail=f"{meter.note()}; chunks from -o cache_dir, page cache dropped"))
     finally:
         mount.close()
     del state
