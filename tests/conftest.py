@@ -11,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from benchmarks.common import children_of
 from tests.seaweed import SeaweedServer
 
 NVFS = [sys.executable, "-m", "nvfs"]
+MIB = 1 << 20
 _buckets = itertools.count()
 
 
@@ -49,6 +52,28 @@ def drop_cache(path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def checkpoint_like(size: int, seed: int) -> bytes:
+    """bf16-like values (a compressible exponent byte) with runs of zeros, as optimizer rows have."""
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal(size // 4) * 0.02).astype(np.float32)
+    data = bytearray((values.view(np.uint32) >> 16).astype(np.uint16).tobytes() * 2)
+    data[size // 3 : size // 3 + MIB] = bytes(MIB)
+    return bytes(data)
+
+
+def fetch_children(daemon_pid: int) -> list[int]:
+    """PIDs of the daemon's fetch processes (a killed, unreaped one has no command line)."""
+    found = []
+    for pid in children_of(daemon_pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if b"nvfs.store.fetch_child" in cmdline.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return sorted(found)
 
 
 def _fuse_available() -> str | None:

@@ -15,37 +15,11 @@ import os
 import signal
 import sys
 
-import numpy as np
 import pytest
 
-from benchmarks.common import children_of
 from nvfs.backend.http_get import GetterSettings, SignedGet
 from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
-from tests.conftest import drop_cache, wait_until_dead
-
-MIB = 1 << 20
-
-
-def _checkpoint_like(size: int, seed: int) -> bytes:
-    """bf16-like values (a compressible exponent byte) with runs of zeros, as optimizer rows have."""
-    rng = np.random.default_rng(seed)
-    values = (rng.standard_normal(size // 4) * 0.02).astype(np.float32)
-    data = bytearray((values.view(np.uint32) >> 16).astype(np.uint16).tobytes() * 2)
-    data[size // 3 : size // 3 + MIB] = bytes(MIB)
-    return bytes(data)
-
-
-def _fetch_children(daemon_pid: int) -> list[int]:
-    """PIDs of the daemon's fetch processes (a killed, unreaped one has no command line)."""
-    found = []
-    for pid in children_of(daemon_pid):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if b"nvfs.store.fetch_child" in cmdline.read():
-                    found.append(pid)
-        except OSError:
-            continue
-    return sorted(found)
+from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children, wait_until_dead
 
 
 @pytest.fixture
@@ -53,7 +27,7 @@ def stored(mount_factory):
     """An S3 store with two files of 1 MiB chunks, mounted with two fetch processes, page cache cold."""
     mount = mount_factory(options=("chunk_size=1M", "fetch_procs=2", "threads=4"), backend="s3")
     mount.mount()
-    files = {"a.bin": _checkpoint_like(9 * MIB + 123, 1), "b.bin": _checkpoint_like(6 * MIB, 2)}
+    files = {"a.bin": checkpoint_like(9 * MIB + 123, 1), "b.bin": checkpoint_like(6 * MIB, 2)}
     for name, data in files.items():
         (mount.path / name).write_bytes(data)
     mount.remount()
@@ -66,7 +40,7 @@ def test_reads_through_fetch_processes_are_exact(stored):
     mount, files = stored
     for name, data in files.items():
         assert (mount.path / name).read_bytes() == data
-    children = _fetch_children(mount.daemon_pid())
+    children = fetch_children(mount.daemon_pid())
     assert len(children) == 2, f"expected 2 fetch processes, found {children}"
     assert "reading it in the daemon" not in mount.log()
     mount.umount()
@@ -80,7 +54,7 @@ def test_fetch_processes_exit_when_the_daemon_is_killed(stored):
     with open(mount.path / "a.bin", "rb") as f:
         assert f.read(MIB) == files["a.bin"][:MIB]
     daemon = mount.daemon_pid()
-    children = _fetch_children(daemon)
+    children = fetch_children(daemon)
     assert children
     os.kill(daemon, signal.SIGKILL)
     wait_until_dead(daemon, 10, "SIGKILL")
@@ -121,7 +95,7 @@ def test_killed_fetch_processes_are_replaced(stored, first_read):
         with open(mount.path / "a.bin", "rb") as f:
             assert f.read(MIB) == files["a.bin"][:MIB]
     daemon = mount.daemon_pid()
-    before = _fetch_children(daemon)
+    before = fetch_children(daemon)
     assert len(before) == 2, f"expected 2 fetch processes, found {before}"
     for pid in before:
         os.kill(pid, signal.SIGKILL)
@@ -130,7 +104,7 @@ def test_killed_fetch_processes_are_replaced(stored, first_read):
     assert (mount.path / "a.bin").read_bytes() == files["a.bin"]
     assert "starting another" in mount.log()
     assert "fetched and decoded in the daemon from now on" not in mount.log()
-    after = _fetch_children(daemon)
+    after = fetch_children(daemon)
     assert len(after) == 2 and not set(after) & set(before), f"children before {before}, after {after}"
 
 
@@ -154,12 +128,12 @@ def test_no_fetch_processes_with_a_disk_cache(mount_factory, tmp_path):
     (tmp_path / "cache").mkdir()
     mount = mount_factory(options=("fetch_procs=2", f"cache_dir={tmp_path / 'cache'}"), backend="s3")
     mount.mount()
-    data = _checkpoint_like(5 * MIB, 3)
+    data = checkpoint_like(5 * MIB, 3)
     (mount.path / "c.bin").write_bytes(data)
     mount.remount()
     drop_cache(mount.path / "c.bin")
     assert (mount.path / "c.bin").read_bytes() == data
-    assert _fetch_children(mount.daemon_pid()) == []
+    assert fetch_children(mount.daemon_pid()) == []
 
 
 def _memfd_with(data: bytes) -> int:
@@ -170,7 +144,7 @@ def _memfd_with(data: bytes) -> int:
 
 def test_chunks_are_mapped_up_to_the_limit_and_copied_past_it():
     """Each mapped chunk holds a descriptor: past the limit the daemon reads the memfd instead."""
-    data = _checkpoint_like(MIB, 4)
+    data = checkpoint_like(MIB, 4)
     maps = ChunkMaps()
     assert maps.limit >= 256, "the daemon's open-file limit leaves no room for mapped chunks"
     maps.limit = 2
@@ -193,7 +167,7 @@ def test_chunks_are_mapped_up_to_the_limit_and_copied_past_it():
 
 def test_a_chunk_that_cannot_be_mapped_is_copied(monkeypatch):
     """Out of memory maps (``vm.max_map_count``), the daemon reads the child's memfd instead."""
-    data = _checkpoint_like(MIB, 5)
+    data = checkpoint_like(MIB, 5)
     maps = ChunkMaps()
     memfd = _memfd_with(data)
 

@@ -16,8 +16,7 @@ from benchmarks.common import cpu_seconds
 from nvfs.codec import Codec, CodecError, CpuEngine, ElementKind, Region, Transform, make_engine
 from nvfs.codec.planes import ITEM_SIZE, parse_params
 from nvfs.store.chunk import CHUNK_HASHES, HEADER, ChunkCorrupt, decode_chunk, encode_chunk
-from tests.conftest import drop_cache
-from tests.test_fetch_processes import MIB, _checkpoint_like, _fetch_children
+from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children
 
 pytestmark = pytest.mark.gpu
 KINDS = (ElementKind.BYTES, ElementKind.BF16, ElementKind.FP16, ElementKind.FP32, ElementKind.FP64)
@@ -272,7 +271,7 @@ def test_a_gpu_mount_on_s3_decodes_portable_chunks_in_fetch_processes(gpu_ans, m
     Sent to a fetch process, an ANS chunk would come back as damaged (the CPU has no ANS
     decoder): read exactly, it was decoded by the GPU engine.
     """
-    files = {"ans.bin": _checkpoint_like(24 * MIB, 3), "portable.bin": _checkpoint_like(64 * MIB, 4)}
+    files = {"ans.bin": checkpoint_like(24 * MIB, 3), "portable.bin": checkpoint_like(64 * MIB, 4)}
     mount = mount_factory(options=("engine=gpu", "fetch_procs=2"), backend="s3")
     for name, codec in (("ans.bin", "ans"), ("portable.bin", "portable")):
         mount.mount(f"codec={codec}")
@@ -280,7 +279,7 @@ def test_a_gpu_mount_on_s3_decodes_portable_chunks_in_fetch_processes(gpu_ans, m
         assert ("ans" in os.getxattr(mount.path / name, "user.nvfs.codec").decode()) == (codec == "ans")
         mount.umount()
     mount.mount()
-    children = _fetch_children(mount.daemon_pid())
+    children = fetch_children(mount.daemon_pid())
     assert len(children) == 2
     for name, data in files.items():
         drop_cache(mount.path / name)
