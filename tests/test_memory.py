@@ -16,7 +16,7 @@ from benchmarks.common import proc_status
 MIB = 1 << 20
 BURST = 512  # MiB written
 # What the idle daemon may hold after the burst beyond what it held before it (25-26 MiB):
-# 15-28 MiB more once the heap was trimmed (2-core VM, idle or with both cores kept busy by
+# 15-22 MiB more once the heap was trimmed (2-core VM, idle or with both cores kept busy by
 # other processes). With the daemon's trim taken out, glibc gave most back by itself in 9 of 10
 # runs and kept 43 MiB more in one; judged by what it held at close instead (72 MiB at least),
 # this test had failed on a busy machine where only 71 MiB were held.
