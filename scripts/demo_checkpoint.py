@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import time
 
 import torch
@@ -32,7 +33,7 @@ class TinyLM(nn.Module):
 def text_bytes() -> torch.Tensor:
     """Real text found on every machine: the Python standard library's own sources."""
     source = os.path.dirname(os.__file__)
-    data = b"".join(open(os.path.join(source, name), "rb").read()
+    data = b"".join(pathlib.Path(source, name).read_bytes()
                     for name in sorted(os.listdir(source)) if name.endswith(".py"))
     return torch.frombuffer(bytearray(data[: 4 << 20]), dtype=torch.uint8).long()
 
