@@ -25,7 +25,7 @@ from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
 
 try:  # the same loops in C, one pass each (setup.py builds it where there is a compiler)
     from nvfs.codec import _planes as native
-except ImportError:  # numpy does the same, two to five times slower
+except ImportError:  # numpy does the same: cutting 1.5-2x, merging 5-6x slower
     native = None
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
