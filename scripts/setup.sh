@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# g++ builds the GPU engine's zstd frame code for the host in tests/test_zstd_huffman.py.
+# gcc builds pyfuse3 and nvfs's C extension (setup.py); g++ builds the GPU engine's zstd frame
+# code for the host in tests/test_zstd_huffman.py.
 if ! command -v fusermount3 >/dev/null || [ ! -f /usr/include/fuse3/fuse.h ] || ! command -v g++ >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config gcc g++ >/dev/null
