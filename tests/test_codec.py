@@ -115,6 +115,22 @@ def to_planes_numpy(data: bytes, kind: ElementKind) -> list[bytes]:
         plane_module.native = saved
 
 
+@pytest.mark.parametrize("coded_by", ["c", "numpy"])
+def test_a_chunk_coded_by_one_plane_implementation_decodes_with_the_other(coded_by, monkeypatch):
+    """A store written where the extension is built reads where it is not, and back."""
+    native = plane_module.native
+    regions = [Region(3 * 65536, ElementKind.BF16), Region(4 * 65536, ElementKind.FP32),
+               Region(8 * 8192, ElementKind.FP64), Region(1000, ElementKind.BYTES)]
+    data = b"".join(_values(region.kind, region.length // ITEM_SIZE[region.kind], seed, 0.2, True)
+                    if region.kind != ElementKind.BYTES else bytes(range(250)) * 4
+                    for seed, region in enumerate(regions))
+    monkeypatch.setattr(plane_module, "native", native if coded_by == "c" else None)
+    encoded = ENGINE.encode(data, regions)
+    assert encoded.transform == Transform.PLANES
+    monkeypatch.setattr(plane_module, "native", None if coded_by == "c" else native)
+    assert bytes(ENGINE.decode(encoded, len(data))) == data
+
+
 def test_the_c_plane_loops_refuse_what_does_not_fit():
     native = plane_module.native
     assert native is not None
