@@ -98,12 +98,13 @@ def test_c_and_numpy_plane_loops_agree_on_any_values(data, size, offset):
     kind = {2: ElementKind.BF16, 4: ElementKind.FP32, 8: ElementKind.FP64}[size]
     native = plane_module.native
     assert native is not None
+    expected = to_planes_numpy(data, kind)
     for index in range(size):
         out = np.empty(len(data) // size, dtype=np.uint8)
         native.cut_plane(values, size, index, out)
-        assert out.tobytes() == to_planes_numpy(data, kind)[index]
+        assert out.tobytes() == expected[index]
     merged = bytearray(len(data))
-    native.merge_planes(to_planes_numpy(data, kind), size, merged)
+    native.merge_planes(expected, size, merged)
     assert bytes(merged) == data
 
 

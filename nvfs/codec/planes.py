@@ -200,12 +200,12 @@ def from_planes(planes: Sequence[bytes | memoryview | np.ndarray], kind: Element
     2.09 instead of 5.38; bf16 1.88 as before.
     """
     size = ITEM_SIZE[kind]
+    if size > 1 and native is not None:
+        native.merge_planes(planes, size, out)
+        return
     target = np.frombuffer(out, dtype=np.uint8)
     if size == 1:
         target[:] = np.frombuffer(planes[0], dtype=np.uint8)
-        return
-    if native is not None:
-        native.merge_planes(planes, size, out)
         return
     rotated_bytes = target.reshape(-1, size)
     for index, plane in enumerate(planes):
