@@ -60,6 +60,19 @@ def tree_status(pid: int, key: str) -> int | None:
     return own + sum(proc_status(child, key) or 0 for child in children_of(pid))
 
 
+def rss_with_write_processes(pid: int) -> int | None:
+    """VmRSS of ``pid`` plus its children's, each child's shared memory left out.
+
+    A write process's shared memory is the daemon's chunk buffers, which the daemon wrote
+    and its own VmRSS holds already.
+    """
+    own = proc_status(pid, "VmRSS")
+    if own is None:
+        return None
+    return own + sum(max(0, (proc_status(child, "VmRSS") or 0) - (proc_status(child, "RssShmem") or 0))
+                     for child in children_of(pid))
+
+
 def tree_cpu_seconds(pid: int | None) -> float:
     """:func:`cpu_seconds` of ``pid`` plus its live children's."""
     if pid is None:

@@ -41,9 +41,11 @@ the SHA-256 of the plain ``torch.save`` bytes; the null filesystem must have rec
 that many bytes.
 
 Peak daemon RSS: VmRSS of the FUSE serving process, sampled every 0.2 s from
-``/proc/PID/status`` in a thread, from mount until the process exits after unmount (VmHWM,
-read just before unmount, is shown as well). For JuiceFS that is the process serving FUSE
-(``Pid`` of its ``.config``); its supervisor process is reported separately.
+``/proc/PID/status`` in a thread, from mount until the process exits after unmount, with its
+child processes' (nvfs's write processes, less the chunk buffers they share with the daemon);
+VmHWM, the serving process's own, read just before unmount, is shown as well. For JuiceFS
+that is the process serving FUSE (``Pid`` of its ``.config``); its supervisor process is
+reported separately.
 
 The checkpoint is built in memory, seeded, by ``benchmarks/save.py``'s builder: bf16 model
 weights, fp32 master weights and AdamW ``exp_avg`` / ``exp_avg_sq`` from real AdamW steps,
@@ -100,6 +102,7 @@ from benchmarks.common import (  # noqa: E402
     make_workdir,
     proc_status,
     raise_on_sigterm,
+    rss_with_write_processes,
     sha256_file,
 )
 
@@ -431,7 +434,11 @@ def run_checked(command: list[str], timeout: float, env: dict[str, str] | None =
 # ----- measuring ----------------------------------------------------------------------------------
 
 class RssSampler:
-    """Peak VmRSS of one process, sampled every ``RSS_INTERVAL`` s in a thread until it exits."""
+    """Peak VmRSS of a process and its children, sampled every ``RSS_INTERVAL`` s in a thread until it exits.
+
+    nvfs's write processes are counted without their shared memory, the daemon's chunk
+    buffers (:func:`benchmarks.common.rss_with_write_processes`).
+    """
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -443,7 +450,7 @@ class RssSampler:
 
     def _run(self) -> None:
         while True:
-            rss = proc_status(self.pid, "VmRSS")
+            rss = rss_with_write_processes(self.pid)
             if rss is None:
                 return
             self.peak = max(self.peak, rss)
@@ -996,7 +1003,8 @@ def print_table(rows: list[Row]) -> None:
           "disk or in S3 (plain: = save s; JuiceFS: + syncfs of its bucket dir; nvfs: = save s, close is "
           "durable, on the local stage for nvfs stage; nvfs async: + fsync); GB/s = logical bytes / save s, "
           "1 GB = 1e9 B; stored: bytes in the backing store after unmount; peak RSS: VmRSS of the FUSE "
-          f"daemon sampled every {RSS_INTERVAL} s; VmHWM: read just before unmount; data: read-back check)")
+          f"daemon and its children sampled every {RSS_INTERVAL} s; VmHWM: read just before unmount; "
+          "data: read-back check)")
     for r in rows:
         for note in r.notes:
             print(f"  {r.label}: {note}")

@@ -129,6 +129,8 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
         return 1
     pool = store.fetch_pool
     fetching = f"{pool.processes} fetch processes of {pool.lanes} lanes" if pool else "fetches in the daemon"
+    if store.write_pool is not None:
+        fetching += f", {store.write_pool.processes} write processes of {store.write_pool.lanes} lanes"
     log.info("mounted %s on %s: engine %s (asked for %s), chunk size %d, %s", source, mountpoint,
              store.engine.name, options.engine, options.vfs.chunk_size, fetching)
     try:
@@ -172,6 +174,7 @@ async def _release_memory_after_writes(vfs: Vfs) -> None:
             if vfs.upload_count() == started:
                 break
         await trio.to_thread.run_sync(release_free_heap)
+        await trio.to_thread.run_sync(vfs.store.release_idle_buffers)
 
 
 async def _finish_mount(mountpoint: str, ready: Ready) -> None:

@@ -59,6 +59,14 @@ class Backend(ABC):
         """
         return None
 
+    def files_root(self) -> str | None:
+        """The directory holding each object as the file named by its key, if this backend is one.
+
+        Another process may then store chunk objects there itself, exactly as
+        :meth:`put_parts` with ``durable=False`` would (``None`` elsewhere).
+        """
+        return None
+
     @abstractmethod
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
         """Create or atomically replace an object."""

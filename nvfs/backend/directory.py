@@ -83,6 +83,9 @@ class DirectoryBackend(Backend):
     def describe(self) -> str:
         return str(self.root)
 
+    def files_root(self) -> str | None:
+        return str(self.root)
+
     def _path(self, key: str) -> Path:
         if not key or key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
             raise BackendError(f"invalid key {key!r}")

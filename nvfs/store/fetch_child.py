@@ -1,9 +1,10 @@
-"""A fetch process (see :mod:`nvfs.store.fetch_pool`): ``python -m nvfs.store.fetch_child FD...``.
+"""A chunk process (see :mod:`nvfs.store.fetch_pool`): ``python -m nvfs.store.fetch_child FD...``.
 
 The arguments are inherited descriptors, one per lane: a SOCK_SEQPACKET socket on which
-each request comes with the memfd that the decoded chunk goes into. Each lane is served by
-a thread; the process exits when every lane's socket is closed. It imports no boto3 or botocore:
-requests come signed.
+each request comes with a memfd: for a fetch, the one the decoded chunk goes into; for a
+write, the daemon's shared chunk buffers (:mod:`nvfs.store.slots`), which hold the chunk to
+store. Each lane is served by a thread; the process exits when every lane's socket is
+closed. It imports no boto3 or botocore: fetches come signed, writes go to a directory.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import threading
 import numpy as np
 
 from nvfs.backend import BackendError, ObjectNotFound
+from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
-from nvfs.codec import CpuEngine, Engine
+from nvfs.codec import CpuEngine, Engine, Region
 from nvfs.heap import tune_heap
-from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
-from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY
+from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
+from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY, ChunkTarget
+from nvfs.store.store import chunk_key
 
 _REQUEST_LIMIT = 1 << 16
 
@@ -55,16 +58,59 @@ def _decode_into(memfd: int, request: SignedGet, chunk_id: str, length: int, has
         np.frombuffer(target, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
 
-def _serve(lane: socket.socket, engine: Engine, getters: _Getters) -> None:
+class _Writer:
+    """Stores chunks from the daemon's shared buffers: one mapping, backend and engine each for all lanes."""
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[int, int], memoryview] = {}
+        self._backends: dict[str, DirectoryBackend] = {}
+        self._engines: dict[int, CpuEngine] = {}
+        self._lock = threading.Lock()
+
+    def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
+              target: ChunkTarget) -> tuple[str, int, str]:
+        """What :meth:`nvfs.store.Store.put_chunk` does on a directory store, from shared memory."""
+        data = self._buffers(buffers_fd)[offset : offset + length]
+        backend, engine = self._for(target)
+        digest = chunk_hash(target.hash_name)(data)
+        cid = digest.hex()
+        parts, encoded = encode_chunk(data, engine, regions, digest)
+        key = chunk_key(target.store_version, cid)
+        if not backend.exists(key):
+            backend.put_parts(key, parts, durable=False)
+        return cid, sum(len(part) for part in parts), encoded.name
+
+    def _buffers(self, fd: int) -> memoryview:
+        """The daemon's buffers, mapped once (each request brings its own copy of the fd)."""
+        status = os.fstat(fd)
+        identity = (status.st_dev, status.st_ino)
+        with self._lock:
+            if identity not in self._maps:
+                self._maps[identity] = memoryview(mmap.mmap(fd, status.st_size, flags=mmap.MAP_SHARED))
+            return self._maps[identity]
+
+    def _for(self, target: ChunkTarget) -> tuple[DirectoryBackend, CpuEngine]:
+        with self._lock:
+            if target.root not in self._backends:
+                self._backends[target.root] = DirectoryBackend(target.root)
+            if target.level not in self._engines:
+                self._engines[target.level] = CpuEngine(target.level)
+            return self._backends[target.root], self._engines[target.level]
+
+
+def _serve(lane: socket.socket, engine: Engine, getters: _Getters, writer: _Writer) -> None:
     lane.send(READY)
     while True:
         message, fds, _flags, _address = socket.recv_fds(lane, _REQUEST_LIMIT, 1)
         if not message:
             return
-        request, chunk_id, length, hash_name = pickle.loads(message)
+        kind, *request = pickle.loads(message)
         try:
-            _decode_into(fds[0], request, chunk_id, length, hash_name, engine, getters)
-            reply = ("ok", "")
+            if kind == "put":
+                reply = ("ok", writer.store(fds[0], *request))
+            else:
+                _decode_into(fds[0], *request, engine, getters)
+                reply = ("ok", "")
         except ObjectNotFound as exc:
             reply = ("missing", str(exc))
         except ChunkCorrupt as exc:
@@ -72,7 +118,7 @@ def _serve(lane: socket.socket, engine: Engine, getters: _Getters) -> None:
         except BackendError as exc:
             reply = ("unreadable", str(exc))
         except Exception as exc:  # anything else would only kill the lane: report it instead
-            reply = ("unreadable", f"fetch process: {type(exc).__name__}: {exc}")
+            reply = ("unreadable", f"chunk process: {type(exc).__name__}: {exc}")
         finally:
             for fd in fds:
                 os.close(fd)
@@ -93,7 +139,9 @@ def main(fds: list[int]) -> None:
     _one_heap()
     engine = CpuEngine()
     getters = _Getters()
-    lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fd), engine, getters)) for fd in fds]
+    writer = _Writer()
+    lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fd), engine, getters, writer))
+             for fd in fds]
     for thread in lanes:
         thread.start()
     for thread in lanes:

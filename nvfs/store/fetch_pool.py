@@ -17,8 +17,13 @@ decoded chunk; the reply is a status. The child checks the chunk exactly as the 
 the chunk: no copy, and no buffer of the daemon's heap, which glibc would keep once freed.
 The chunk's memory goes back to the kernel when the last view of it is dropped.
 
+The same processes store chunks for a directory store (``-o write_procs``): the daemon
+passes the memfd of its shared chunk buffers (:mod:`nvfs.store.slots`) with each request and
+the chunk's place in it; the child hashes, codes and writes the chunk object as the store
+would, and answers with its id, stored size and encoding (:meth:`FetchPool.store`).
+
 A child that dies fails its lanes' requests with :class:`FetchProcessFailed` (the store
-then reads those chunks itself) and is started again on the next request, unless it exited
+then reads or stores those chunks itself) and is started again on the next request, unless it exited
 with an error before it was ready: then the pool turns itself off and says so in the log.
 """
 
@@ -36,9 +41,11 @@ import subprocess
 import sys
 import threading
 import weakref
+from dataclasses import dataclass
 
 from nvfs.backend import BackendError, ObjectNotFound
 from nvfs.backend.http_get import BACKOFF_CAP, SignedGet
+from nvfs.codec import Region
 from nvfs.store.chunk import ChunkCorrupt
 
 log = logging.getLogger(__name__)
@@ -51,10 +58,21 @@ _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
 # not a page fault per 4 KiB.
 CHUNK_MAP_FLAGS = mmap.MAP_SHARED | mmap.MAP_POPULATE
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
+_STORE_TIMEOUT = 600.0  # seconds a write process may take to store one chunk on a local disk
+
+
+@dataclass(frozen=True)
+class ChunkTarget:
+    """Where and how a write process stores chunks: a directory store, as its superblock says."""
+
+    root: str
+    store_version: int
+    hash_name: str
+    level: int
 
 
 class FetchProcessFailed(Exception):
-    """A fetch process did not answer (it died, hung or never started): the chunk is unknown."""
+    """A chunk process did not answer (it died, hung or never started): the chunk is unknown."""
 
 
 class FetchProcessNotStarted(FetchProcessFailed):
@@ -70,37 +88,48 @@ class _Lane:
         self._ready = False  # until the child's thread for this lane said so
 
     def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
-        if not self._ready:
-            self._wait_ready()
         settings = request.settings
         # The child gives up well before this: each attempt is bounded by its own timeouts.
         attempt = settings.connect_timeout + settings.read_timeout + BACKOFF_CAP
-        self.socket.settimeout(settings.max_attempts * attempt + 60)
         memfd = os.memfd_create("nvfs-chunk", os.MFD_CLOEXEC)
         try:
             os.ftruncate(memfd, length)
-            try:
-                socket.send_fds(self.socket, [pickle.dumps((request, chunk_id, length, hash_name))], [memfd])
-                reply = self.socket.recv(_REPLY_LIMIT)
-            except OSError as exc:
-                raise FetchProcessFailed(f"fetch process did not answer: {exc}") from None
-            if not reply:
-                raise FetchProcessFailed("fetch process exited")
-            status, detail = pickle.loads(reply)
-            if status != "ok":
-                raise _FAILURES[status](detail)
+            self._call(pickle.dumps(("get", request, chunk_id, length, hash_name)), [memfd],
+                       settings.max_attempts * attempt + 60)
             return self._maps.chunk_in(memfd, length)
         finally:
             os.close(memfd)
+
+    def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
+              target: ChunkTarget) -> tuple[str, int, str]:
+        return self._call(pickle.dumps(("put", offset, length, regions, target)), [buffers_fd],
+                          _STORE_TIMEOUT)
+
+    def _call(self, message: bytes, fds: list[int], timeout: float):
+        """Send one request with ``fds``; the child's answer, or its failure raised here."""
+        if not self._ready:
+            self._wait_ready()
+        self.socket.settimeout(timeout)
+        try:
+            socket.send_fds(self.socket, [message], fds)
+            reply = self.socket.recv(_REPLY_LIMIT)
+        except OSError as exc:
+            raise FetchProcessFailed(f"chunk process did not answer: {exc}") from None
+        if not reply:
+            raise FetchProcessFailed("chunk process exited")
+        status, detail = pickle.loads(reply)
+        if status != "ok":
+            raise _FAILURES[status](detail)
+        return detail
 
     def _wait_ready(self) -> None:
         self.socket.settimeout(_START_TIMEOUT)
         try:
             hello = self.socket.recv(_REPLY_LIMIT)
         except OSError as exc:
-            raise FetchProcessNotStarted(f"fetch process did not start: {exc}") from None
+            raise FetchProcessNotStarted(f"chunk process did not start: {exc}") from None
         if hello != READY:
-            raise FetchProcessNotStarted("fetch process exited before it was ready")
+            raise FetchProcessNotStarted("chunk process exited before it was ready")
         self._ready = True
 
     def release_child_end(self) -> None:
@@ -217,9 +246,23 @@ class FetchPool:
         Raises :class:`ObjectNotFound`, :class:`BackendError` or :class:`ChunkCorrupt` as the
         store's own read would, and :class:`FetchProcessFailed` when no process could answer.
         """
+        return self._on_a_lane(lambda lane: lane.fetch(request, chunk_id, length, hash_name))
+
+    def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
+              target: ChunkTarget) -> tuple[str, int, str]:
+        """Hash, code and write the chunk at ``offset`` of the memfd ``buffers_fd`` into ``target``.
+
+        Returns the chunk's id, its stored size and its encoding's name. Raises
+        :class:`BackendError` where the child could not write it, and
+        :class:`FetchProcessFailed` when no process could answer (the chunk may then be
+        stored or not: the caller stores it itself, which writes the same object again).
+        """
+        return self._on_a_lane(lambda lane: lane.store(buffers_fd, offset, length, regions, target))
+
+    def _on_a_lane(self, request):
         child, lane = self._take()
         try:
-            return lane.fetch(request, chunk_id, length, hash_name)
+            return request(lane)
         except FetchProcessFailed as exc:
             self._lost(child, started=not isinstance(exc, FetchProcessNotStarted))
             raise
@@ -255,7 +298,7 @@ class FetchPool:
             self._start_missing()
             while not self._idle:
                 if self._off or self._closed:
-                    raise FetchProcessFailed("fetch processes are off")
+                    raise FetchProcessFailed("chunk processes are off")
                 self._cond.wait()
             idle = collections.Counter(child for child, _lane in self._idle)
             choice = max(range(len(self._idle)), key=lambda i: idle[self._idle[i][0]])
@@ -265,11 +308,11 @@ class FetchPool:
         try:
             child = _Child(self.lanes, self.maps)
         except OSError as exc:
-            self._turn_off(f"cannot start a fetch process: {exc}")
+            self._turn_off(f"cannot start a chunk process: {exc}")
             return
         self._children.append(child)
         self._idle.extend((child, lane) for lane in child.lanes)
-        log.debug("fetch process %d started with %d lanes", child.process.pid, self.lanes)
+        log.debug("chunk process %d started with %d lanes", child.process.pid, self.lanes)
 
     def _lost(self, child: _Child, started: bool) -> None:
         """Kill a child that failed a request; never restart one that could not start.
@@ -283,10 +326,10 @@ class FetchPool:
                 return  # another of its lanes reported it first
             idle = self._drop(child)
             if not started and child.process.returncode > 0:
-                self._turn_off(f"fetch process {child.process.pid} exited with status "
+                self._turn_off(f"chunk process {child.process.pid} exited with status "
                                f"{child.process.returncode} before it was ready")
             else:
-                log.warning("fetch process %d failed after %d chunks: starting another",
+                log.warning("chunk process %d failed after %d chunks: starting another",
                             child.process.pid, child.served)
             self._cond.notify_all()
         for lane in idle:
@@ -300,7 +343,7 @@ class FetchPool:
         return idle
 
     def _turn_off(self, reason: str) -> None:
-        log.error("%s; chunks are fetched and decoded in the daemon from now on", reason)
+        log.error("%s; the daemon fetches or stores chunks itself from now on", reason)
         self._off = True
         self._cond.notify_all()
 

@@ -9,6 +9,8 @@ allows, and shorter data reads as zeros up to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import trio
 
@@ -29,11 +31,16 @@ class SlotBuffer:
 
     __slots__ = ("_array", "_length", "_limit")
 
-    def __init__(self, limit: int, initial: bytes | bytearray | memoryview, first_write_end: int) -> None:
+    def __init__(self, limit: int, initial: bytes | bytearray | memoryview, first_write_end: int,
+                 whole_chunk: Callable[[int], np.ndarray | None] = lambda size: None) -> None:
+        """``whole_chunk(limit)``: where room for a whole chunk comes from, if not a new array."""
         self._limit = limit  # the chunk size: never longer
         self._length = len(initial)
-        room = limit if first_write_end >= _STREAMING_WRITE else max(self._length, first_write_end)
-        self._array = np.empty(room, dtype=np.uint8)
+        if first_write_end >= _STREAMING_WRITE:
+            shared = whole_chunk(limit)
+            self._array = shared if shared is not None else np.empty(limit, dtype=np.uint8)
+        else:
+            self._array = np.empty(max(self._length, first_write_end), dtype=np.uint8)
         self._array[: self._length] = np.frombuffer(initial, dtype=np.uint8)
 
     def __len__(self) -> int:

@@ -617,7 +617,8 @@ class Vfs:
         else:
             base = b""
         self._replace_ref(content, slot, None)
-        slot.buffer = SlotBuffer(content.chunk_size, base[: content.slot_length(index)], start + count)
+        slot.buffer = SlotBuffer(content.chunk_size, base[: content.slot_length(index)], start + count,
+                                 self.store.chunk_buffer)
         slot.frozen = None
         slot.version += 1
         content.dirty_slots[index] = None

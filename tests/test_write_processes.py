@@ -1,0 +1,114 @@
+"""Write processes (``-o write_procs=N``, the default 1 on directory stores): chunks hashed,
+coded and written by child processes from buffers shared with the daemon.
+
+Every other test of a directory store writes through them too; here: that they are there
+only where they can serve, that a killed one costs a warning and nothing else (the daemon
+stores the chunk itself and a new process takes over), and the shared buffers' bookkeeping.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+
+import blake3
+import numpy as np
+import pytest
+
+from nvfs.store import SharedSlots
+from tests.conftest import MIB, checkpoint_like, fetch_children, wait_until_dead
+
+
+def test_a_directory_store_has_one_write_process_and_s3_none(mount_factory):
+    local = mount_factory("local")
+    local.mount()
+    assert len(fetch_children(local.daemon_pid())) == 1
+    assert "1 write processes of" in local.log()
+    off = mount_factory("off", options=("write_procs=0",))
+    off.mount()
+    assert fetch_children(off.daemon_pid()) == []
+    remote = mount_factory("remote", backend="s3")
+    remote.mount()
+    assert fetch_children(remote.daemon_pid()) == []  # under 8 cores: no fetch processes either
+
+
+def test_files_written_through_a_write_process_read_back_exact(mount_factory):
+    mount = mount_factory(options=("chunk_size=1M",))
+    mount.mount()
+    files = {f"f{n}.bin": checkpoint_like(7 * MIB + 4096 * n + 17, n) for n in range(3)}
+    for name, data in files.items():
+        (mount.path / name).write_bytes(data)
+    mount.remount()
+    for name, data in files.items():
+        assert (mount.path / name).read_bytes() == data
+    assert "storing it in the daemon" not in mount.log()
+    distinct = {blake3.blake3(data[start : start + MIB]).hexdigest()
+                for data in files.values() for start in range(0, len(data), MIB)}
+    assert {key.rsplit("/", 1)[1] for key in mount.keys("chunks/")} == distinct
+
+
+@pytest.mark.parametrize("when", ["idle", "mid-write"])
+def test_a_killed_write_process_costs_a_warning_not_data(mount_factory, when):
+    mount = mount_factory(options=("chunk_size=1M",))
+    mount.mount()
+    data = checkpoint_like(24 * MIB, 5)
+    (before,) = fetch_children(mount.daemon_pid())
+    if when == "idle":
+        os.kill(before, signal.SIGKILL)
+        wait_until_dead(before, 10, "SIGKILL")
+        (mount.path / "x.bin").write_bytes(data)
+    else:
+        with open(mount.path / "x.bin", "wb") as f:
+            f.write(data[: 8 * MIB])
+            killer = threading.Thread(target=os.kill, args=(before, signal.SIGKILL))
+            killer.start()
+            f.write(data[8 * MIB :])
+            killer.join()
+    mount.remount()
+    assert (mount.path / "x.bin").read_bytes() == data
+    log = mount.log()
+    assert "starting another" in log and "storing it in the daemon" in log
+    after = fetch_children(mount.daemon_pid())
+    assert len(after) == 1 and before not in after
+
+
+def test_shared_buffers_come_back_when_the_last_view_is_gone():
+    slots = SharedSlots(2, MIB)
+    first, second = slots.take(), slots.take()
+    assert first is not None and second is not None and slots.take() is None
+    view = memoryview(first)[10:20]
+    del first
+    gc.collect()
+    assert slots.in_use() == 2, "a view still holds the first buffer"
+    del view
+    gc.collect()
+    assert slots.in_use() == 1
+    third = slots.take()
+    assert third is not None and slots.take() is None
+
+
+def test_shared_buffers_locate_only_what_lies_inside_one_buffer():
+    slots = SharedSlots(2, MIB)
+    first, second = slots.take(), slots.take()
+    base = min(first.ctypes.data, second.ctypes.data)
+    lower = first if first.ctypes.data == base else second
+    assert slots.offset_of(memoryview(lower)[5:100]) == 5
+    assert slots.offset_of(memoryview(np.empty(100, dtype=np.uint8))) is None
+    assert slots.offset_of(memoryview(b"")) is None
+    whole = np.frombuffer(slots._map, dtype=np.uint8)  # both buffers: spans their boundary
+    assert slots.offset_of(memoryview(whole)[MIB - 10 : MIB + 10]) is None
+
+
+def test_releasing_free_pages_keeps_the_bytes_of_buffers_in_use():
+    slots = SharedSlots(3, MIB)
+    kept = slots.take()
+    kept[:] = 7
+    freed = slots.take()
+    freed[:] = 9
+    del freed
+    gc.collect()
+    slots.release_free_pages()
+    assert (kept == 7).all()
+    assert all((buffer == 0).all() for buffer in (slots.take(), slots.take()))  # holes read as zeros
