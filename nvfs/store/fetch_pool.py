@@ -58,7 +58,7 @@ _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
 # not a page fault per 4 KiB.
 CHUNK_MAP_FLAGS = mmap.MAP_SHARED | mmap.MAP_POPULATE
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
-_STORE_TIMEOUT = 600.0  # seconds a write process may take to store one chunk on a local disk
+STORE_TIMEOUT = 600.0  # seconds a write process may take to store one chunk on a local disk
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,22 @@ class ChunkTarget:
     store_version: int
     hash_name: str
     level: int
+
+
+def store_request(offset: int, length: int, regions: list[Region] | None, target: ChunkTarget) -> bytes:
+    return pickle.dumps(("put", offset, length, regions, target))
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """A request sent on a lane whose answer is still to be read (see :meth:`FetchPool.begin_store`)."""
+
+    child: _Child
+    lane: _Lane
+
+    def fileno(self) -> int:
+        """Readable once the answer is there."""
+        return self.lane.socket.fileno()
 
 
 class FetchProcessFailed(Exception):
@@ -102,16 +118,25 @@ class _Lane:
 
     def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
               target: ChunkTarget) -> tuple[str, int, str]:
-        return self._call(pickle.dumps(("put", offset, length, regions, target)), [buffers_fd],
-                          _STORE_TIMEOUT)
+        return self._call(store_request(offset, length, regions, target), [buffers_fd], STORE_TIMEOUT)
 
     def _call(self, message: bytes, fds: list[int], timeout: float):
         """Send one request with ``fds``; the child's answer, or its failure raised here."""
         if not self._ready:
             self._wait_ready()
         self.socket.settimeout(timeout)
+        self.send(message, fds)
+        return self.receive()
+
+    def send(self, message: bytes, fds: list[int]) -> None:
         try:
             socket.send_fds(self.socket, [message], fds)
+        except OSError as exc:
+            raise FetchProcessFailed(f"chunk process did not take the request: {exc}") from None
+
+    def receive(self):
+        """The child's answer to the request sent last, or its failure raised here."""
+        try:
             reply = self.socket.recv(_REPLY_LIMIT)
         except OSError as exc:
             raise FetchProcessFailed(f"chunk process did not answer: {exc}") from None
@@ -121,6 +146,17 @@ class _Lane:
         if status != "ok":
             raise _FAILURES[status](detail)
         return detail
+
+    def poll_ready(self) -> bool:
+        """Whether the child has said it is ready on this lane, without waiting for it."""
+        if not self._ready:
+            try:
+                self._ready = self.socket.recv(_REPLY_LIMIT, socket.MSG_DONTWAIT | socket.MSG_PEEK) == READY
+            except OSError:
+                return False
+            if self._ready:
+                self.socket.recv(_REPLY_LIMIT)
+        return self._ready
 
     def _wait_ready(self) -> None:
         self.socket.settimeout(_START_TIMEOUT)
@@ -258,6 +294,45 @@ class FetchPool:
         stored or not: the caller stores it itself, which writes the same object again).
         """
         return self._on_a_lane(lambda lane: lane.store(buffers_fd, offset, length, regions, target))
+
+    def begin_store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
+                    target: ChunkTarget) -> SentRequest | None:
+        """Send :meth:`store`'s request on an idle lane, waiting for nothing; ``None``: no lane is ready.
+
+        For a caller on an event loop: it waits for the returned request's descriptor to turn
+        readable, then calls :meth:`finish` (or :meth:`give_up` after ``STORE_TIMEOUT``).
+        Raises :class:`FetchProcessFailed` where the child did not take the request.
+        """
+        with self._cond:
+            if self._off or self._closed:
+                return None
+            self._start_missing()
+            ready = [index for index, (_child, lane) in enumerate(self._idle) if lane.poll_ready()]
+            if not ready:
+                return None
+            child, lane = self._idle.pop(ready[-1])
+        try:
+            lane.send(store_request(offset, length, regions, target), [buffers_fd])
+        except FetchProcessFailed:
+            self._lost(child, started=True)
+            self._put_back(child, lane)
+            raise
+        return SentRequest(child, lane)
+
+    def finish(self, sent: SentRequest) -> tuple[str, int, str]:
+        """The answer to a request :meth:`begin_store` sent, now readable; raises as :meth:`store`."""
+        try:
+            return sent.lane.receive()
+        except FetchProcessFailed:
+            self._lost(sent.child, started=True)
+            raise
+        finally:
+            self._put_back(sent.child, sent.lane)
+
+    def give_up(self, sent: SentRequest) -> None:
+        """The child did not answer in time: stop it (the caller stores the chunk itself)."""
+        self._lost(sent.child, started=True)
+        self._put_back(sent.child, sent.lane)
 
     def _on_a_lane(self, request):
         child, lane = self._take()

@@ -18,18 +18,19 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import CpuEngine, Engine, LayoutTracker, Region, cpu_decodes
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
-from nvfs.store.fetch_pool import ChunkTarget, FetchPool, FetchProcessFailed
+from nvfs.store.fetch_pool import STORE_TIMEOUT, ChunkTarget, FetchPool, FetchProcessFailed, SentRequest
+from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 from nvfs.store.slots import SharedSlots
 
 if TYPE_CHECKING:
     import numpy as np
-from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +146,20 @@ class _SharedExclusiveLock:
         try:
             yield
         finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
+            self.release_shared()
+
+    def try_shared(self) -> bool:
+        """Take a shared hold without waiting: False while a sweep holds or awaits the lock."""
+        with self._cond:
+            if self._exclusive:
+                return False
+            self._shared += 1
+            return True
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._shared -= 1
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -161,6 +173,18 @@ class _SharedExclusiveLock:
             with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class PendingPut:
+    """A chunk handed to a write process by :meth:`Store.begin_put`, its answer not yet read."""
+
+    sent: SentRequest
+    length: int
+    timeout: float = STORE_TIMEOUT
+
+    def fileno(self) -> int:
+        return self.sent.fileno()
 
 
 class Store:
@@ -340,11 +364,62 @@ class Store:
             except FetchProcessFailed as exc:
                 log.warning("a chunk of %d bytes: %s: storing it in the daemon", len(data), exc)
                 return None
-            self.pin([cid])
+            return self._stored_elsewhere(cid, len(data), stored, name)
+
+    def begin_put(self, data: memoryview, regions: list[Region] | None) -> PendingPut | None:
+        """Hand ``data`` to a write process without waiting for anything, if it can take it now.
+
+        For a caller on an event loop, which then waits for the result's descriptor to turn
+        readable and calls :meth:`finish_put`: no thread of the daemon is involved, so none
+        takes the GIL from the FUSE thread (:meth:`put_chunk` says why that matters).
+        ``None``: the data is not in a shared buffer, no write process is ready, or a
+        collection holds the GC lock; :meth:`put_chunk` then stores it.
+        """
+        offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
+        if offset is None or not self._gc_lock.try_shared():
+            return None
+        assert self.write_pool is not None and self.write_buffers is not None and self._chunk_target
+        try:
+            sent = self.write_pool.begin_store(self.write_buffers.fd, offset, len(data), regions,
+                                               self._chunk_target)
+        except FetchProcessFailed as exc:
+            log.warning("a chunk of %d bytes: %s: storing it another way", len(data), exc)
+            sent = None
+        if sent is None:
+            self._gc_lock.release_shared()
+            return None
+        return PendingPut(sent, len(data))
+
+    def finish_put(self, pending: PendingPut, answered: bool) -> ChunkRef | None:
+        """The chunk of :meth:`begin_put`, stored; ``None`` where its write process failed.
+
+        ``answered``: whether the descriptor turned readable in time (``STORE_TIMEOUT``);
+        if not, the process is stopped. On ``None`` the caller stores the chunk with
+        :meth:`put_chunk`. Raises :class:`BackendError` where the process could not write it.
+        """
+        assert self.write_pool is not None
+        try:
+            if not answered:
+                self.write_pool.give_up(pending.sent)
+                log.warning("a chunk of %d bytes: its write process did not answer in %.0f s: "
+                            "storing it in the daemon", pending.length, STORE_TIMEOUT)
+                return None
+            try:
+                cid, stored, name = self.write_pool.finish(pending.sent)
+            except FetchProcessFailed as exc:
+                log.warning("a chunk of %d bytes: %s: storing it in the daemon", pending.length, exc)
+                return None
+            return self._stored_elsewhere(cid, pending.length, stored, name)
+        finally:
+            self._gc_lock.release_shared()
+
+    def _stored_elsewhere(self, cid: str, length: int, stored: int, name: str) -> ChunkRef:
+        """Pin and remember a chunk a write process stored (the caller holds the GC lock)."""
+        self.pin([cid])
         if len(self._present) >= _PRESENT_LIMIT:
             self._present.clear()
         self._present[cid] = (stored, name, time.time())
-        return ChunkRef(cid, len(data), stored, name)
+        return ChunkRef(cid, length, stored, name)
 
     def _still_safe(self, stored_at: float) -> bool:
         """Whether a chunk this mount stored at ``stored_at`` cannot have been collected since."""

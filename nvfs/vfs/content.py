@@ -29,19 +29,21 @@ class SlotBuffer:
     which releases the GIL for them.
     """
 
-    __slots__ = ("_array", "_length", "_limit")
+    __slots__ = ("_array", "_length", "_limit", "_whole_chunk")
 
     def __init__(self, limit: int, initial: bytes | bytearray | memoryview, first_write_end: int,
                  whole_chunk: Callable[[int], np.ndarray | None] = lambda size: None) -> None:
         """``whole_chunk(limit)``: where room for a whole chunk comes from, if not a new array."""
         self._limit = limit  # the chunk size: never longer
         self._length = len(initial)
-        if first_write_end >= _STREAMING_WRITE:
-            shared = whole_chunk(limit)
-            self._array = shared if shared is not None else np.empty(limit, dtype=np.uint8)
-        else:
-            self._array = np.empty(max(self._length, first_write_end), dtype=np.uint8)
+        self._whole_chunk = whole_chunk
+        room = limit if first_write_end >= _STREAMING_WRITE else max(self._length, first_write_end)
+        self._array = self._room(room)
         self._array[: self._length] = np.frombuffer(initial, dtype=np.uint8)
+
+    def _room(self, size: int) -> np.ndarray:
+        whole = self._whole_chunk(size) if size == self._limit else None
+        return whole if whole is not None else np.empty(size, dtype=np.uint8)
 
     def __len__(self) -> int:
         return self._length
@@ -50,7 +52,7 @@ class SlotBuffer:
         """Put ``data`` at ``start``; a gap after the current end reads as zeros."""
         end = start + len(data)
         if end > len(self._array):
-            grown = np.empty(min(self._limit, max(end, 2 * len(self._array))), dtype=np.uint8)
+            grown = self._room(min(self._limit, max(end, 2 * len(self._array))))
             grown[: self._length] = self._array[: self._length]
             self._array = grown
         if start > self._length:

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 import trio
 
-from nvfs.store import DEFAULT_CHUNK_SIZE, ChunkCorrupt, ChunkUnreadable, Manifest, Store, StoreUnavailable
+from nvfs.store import (
+    DEFAULT_CHUNK_SIZE,
+    ChunkCorrupt,
+    ChunkRef,
+    ChunkUnreadable,
+    Manifest,
+    Store,
+    StoreUnavailable,
+)
 from nvfs.vfs.cache import ChunkCache
 from nvfs.vfs.content import FileContent, Slot, SlotBuffer
 from nvfs.vfs.node import Node, Stat
@@ -671,7 +679,9 @@ class Vfs:
             return self.store.put_chunk(data, regions)
 
         try:
-            ref = await self._run(store_unless_failed)
+            ref = await self._put_by_write_process(data, regions) if content.error is None else None
+            if ref is None:
+                ref = await self._run(store_unless_failed)
             if ref is None:
                 return
         except Exception as exc:  # surfaces as EIO on the next write, fsync or close
@@ -694,6 +704,22 @@ class Vfs:
                 self._uploads_idle.set()
                 self._drained.set()
                 self._drained = trio.Event()
+
+    async def _put_by_write_process(self, data: memoryview, regions) -> ChunkRef | None:
+        """The chunk stored by a write process while this task waits on the event loop; ``None``: not now.
+
+        A worker slot is held meanwhile, as a worker thread would hold one: then a lane of
+        the write processes is free whenever a slot is.
+        """
+        async with self._workers:
+            pending = self.store.begin_put(data, regions)
+            if pending is None:
+                return None
+            with trio.CancelScope(shield=True):  # the process has the chunk: its answer must be read
+                with trio.move_on_after(pending.timeout):
+                    await trio.lowlevel.wait_readable(pending.fileno())
+                    return self.store.finish_put(pending, answered=True)
+                return self.store.finish_put(pending, answered=False)
 
     async def _truncate(self, node: Node, size: int) -> None:
         content = self._ensure_content(node)
