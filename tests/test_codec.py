@@ -89,23 +89,41 @@ def test_planes_are_the_bytes_of_the_values_rotated_left_one_bit(kind, plane_loo
     assert bytes(out) == data
 
 
-@given(st.binary(max_size=4096), st.sampled_from([2, 4, 8]), st.integers(0, 7))
+@given(st.binary(max_size=4096), st.sampled_from([2, 4, 8]), st.integers(0, 7), st.data())
 @settings(max_examples=200, deadline=None)
-def test_c_and_numpy_plane_loops_agree_on_any_values(data, size, offset):
-    """Any bytes, including values that start off their natural alignment in the buffer."""
+def test_c_and_numpy_plane_loops_agree_on_any_values(data, size, offset, draw):
+    """Any bytes, including values that start off their natural alignment in the buffer, and
+    any run of planes (one alone, the rest of them in one pass, or between)."""
     data = data[: len(data) - len(data) % size]
     values = np.frombuffer(bytes(offset) + data, dtype=np.uint8)[offset:]
     kind = {2: ElementKind.BF16, 4: ElementKind.FP32, 8: ElementKind.FP64}[size]
     native = plane_module.native
     assert native is not None
     expected = to_planes_numpy(data, kind)
-    for index in range(size):
-        out = np.empty(len(data) // size, dtype=np.uint8)
-        native.cut_plane(values, size, index, out)
-        assert out.tobytes() == expected[index]
+    first = draw.draw(st.integers(0, size - 1))
+    last = draw.draw(st.integers(first, size - 1))
+    out = np.empty(len(data) // size * (last - first + 1), dtype=np.uint8)
+    native.cut_planes(values, size, first, last, out)
+    assert out.tobytes() == b"".join(expected[first : last + 1])
     merged = bytearray(len(data))
     native.merge_planes(expected, size, merged)
     assert bytes(merged) == data
+
+
+@pytest.mark.parametrize("coded", [(0, 1), (0, 2), (0, 1, 2, 3), (3,)], ids=str)
+def test_raw_planes_after_a_coded_one_move_down_to_close_the_gap(coded, plane_loops):
+    """The planes after the exponent are cut where they stay when raw; a coded one shifts the rest."""
+    count = 3 * 65536
+    rng = np.random.default_rng(11)
+    planes = [rng.integers(0, 256, count, dtype=np.uint8) for _ in range(4)]
+    for index in coded:  # few distinct bytes: these planes shrink
+        planes[index] = rng.integers(120, 124, count, dtype=np.uint8)
+    rotated = sum(planes[index].astype(np.uint32) << (8 * (3 - index)) for index in range(4))
+    data = ((rotated >> 1) | (rotated << 31)).astype(np.uint32).tobytes()
+    encoded = ENGINE.encode(data, [Region(len(data), ElementKind.FP32)])
+    (region,) = parse_params(encoded.params, len(data), len(encoded.payload))
+    assert [plane.codec != Codec.RAW for plane in region.planes] == [index in coded for index in range(4)]
+    assert bytes(ENGINE.decode(encoded, len(data))) == data
 
 
 def to_planes_numpy(data: bytes, kind: ElementKind) -> list[bytes]:
@@ -137,11 +155,15 @@ def test_the_c_plane_loops_refuse_what_does_not_fit():
     assert native is not None
     values = np.zeros(16, dtype=np.uint8)
     with pytest.raises(ValueError, match="no byte planes"):
-        native.cut_plane(values, 3, 0, np.empty(5, dtype=np.uint8))
-    with pytest.raises(ValueError, match="plane 4 of 4-byte values"):
-        native.cut_plane(values, 4, 4, np.empty(4, dtype=np.uint8))
-    with pytest.raises(ValueError, match="16 bytes of values for a plane of 3"):
-        native.cut_plane(values, 4, 0, np.empty(3, dtype=np.uint8))
+        native.cut_planes(values, 3, 0, 0, np.empty(5, dtype=np.uint8))
+    with pytest.raises(ValueError, match="planes 4 to 4 of 4-byte values"):
+        native.cut_planes(values, 4, 4, 4, np.empty(4, dtype=np.uint8))
+    with pytest.raises(ValueError, match="planes 2 to 1 of 4-byte values"):
+        native.cut_planes(values, 4, 2, 1, np.empty(4, dtype=np.uint8))
+    with pytest.raises(ValueError, match="16 bytes of values for 1 planes in 3 bytes"):
+        native.cut_planes(values, 4, 0, 0, np.empty(3, dtype=np.uint8))
+    with pytest.raises(ValueError, match="16 bytes of values for 3 planes in 8 bytes"):
+        native.cut_planes(values, 4, 1, 3, np.empty(8, dtype=np.uint8))
     with pytest.raises(ValueError, match="3 planes for 4-byte values"):
         native.merge_planes([b"ab"] * 3, 4, bytearray(8))
     with pytest.raises(ValueError, match="plane 1 holds 1 bytes, expected 2"):
