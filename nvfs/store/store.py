@@ -383,7 +383,7 @@ class Store:
             sent = self.write_pool.begin_store(self.write_buffers.fd, offset, len(data), regions,
                                                self._chunk_target)
         except FetchProcessFailed as exc:
-            log.warning("a chunk of %d bytes: %s: storing it another way", len(data), exc)
+            log.warning("a chunk of %d bytes: %s: handing it over again", len(data), exc)
             sent = None
         if sent is None:
             self._gc_lock.release_shared()
@@ -395,19 +395,20 @@ class Store:
 
         ``answered``: whether the descriptor turned readable in time (``STORE_TIMEOUT``);
         if not, the process is stopped. On ``None`` the caller stores the chunk with
-        :meth:`put_chunk`. Raises :class:`BackendError` where the process could not write it.
+        :meth:`put_chunk` (which tries a write process once more, then stores it itself).
+        Raises :class:`BackendError` where the process could not write it.
         """
         assert self.write_pool is not None
         try:
             if not answered:
                 self.write_pool.give_up(pending.sent)
                 log.warning("a chunk of %d bytes: its write process did not answer in %.0f s: "
-                            "storing it in the daemon", pending.length, STORE_TIMEOUT)
+                            "handing it over again", pending.length, STORE_TIMEOUT)
                 return None
             try:
                 cid, stored, name = self.write_pool.finish(pending.sent)
             except FetchProcessFailed as exc:
-                log.warning("a chunk of %d bytes: %s: storing it in the daemon", pending.length, exc)
+                log.warning("a chunk of %d bytes: %s: handing it over again", pending.length, exc)
                 return None
             return self._stored_elsewhere(cid, pending.length, stored, name)
         finally:
