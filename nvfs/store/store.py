@@ -315,13 +315,13 @@ class Store:
         ``regions`` say which values the bytes hold (from a :class:`LayoutTracker`); without
         them the engine guesses from the content.
 
-        Data in a buffer from :meth:`chunk_buffer` is stored by a write process: in this
-        process the hashing, coding and writing, although each runs without the GIL, took
-        the GIL back dozens of times per chunk, each time from the FUSE thread, which a
+        Data in a buffer from :meth:`chunk_buffer` is stored by a write process (here a
+        worker thread waits for it; :meth:`begin_put` waits on the event loop instead): in
+        this process the hashing, coding and writing, although each runs without the GIL,
+        took the GIL back dozens of times per chunk, each time from the FUSE thread, which a
         ``torch.save`` waits for on every 1 MiB write. Saving 2 GiB into a new store on the
-        2-core VM took 4.7-5.5 s with worker threads doing the work (the machine a quarter
-        idle), 4.3-4.6 s this way; with the work done by an unrelated process beside a save
-        whose chunks were dropped, 3.1-3.4 s (a save dropping them alone: 3.0-3.2 s).
+        2-core VM took 4.2-5.5 s with worker threads doing the work, the machine a quarter
+        idle; 3.2-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
         """
         offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
         if offset is not None:
