@@ -21,7 +21,7 @@ import numpy as np
 from nvfs.backend import BackendError, ObjectNotFound
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
-from nvfs.codec import CpuEngine, Engine, Region
+from nvfs.codec import CpuEngine, ElementKind, Engine, Region
 from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY, ChunkTarget
@@ -59,43 +59,48 @@ def _decode_into(memfd: int, request: SignedGet, chunk_id: str, length: int, has
 
 
 class _Writer:
-    """Stores chunks from the daemon's shared buffers: one mapping, backend and engine each for all lanes."""
+    """Stores chunks from the daemon's shared buffers: one mapping, backend and engine for all lanes."""
 
     def __init__(self) -> None:
-        self._maps: dict[tuple[int, int], memoryview] = {}
-        self._backends: dict[str, DirectoryBackend] = {}
-        self._engines: dict[int, CpuEngine] = {}
+        self._buffers: memoryview | None = None
+        self._identity: tuple[int, int] | None = None
+        self._target: ChunkTarget | None = None
+        self._backend: DirectoryBackend | None = None
+        self._engine: CpuEngine | None = None
         self._lock = threading.Lock()
 
-    def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
-              target: ChunkTarget) -> tuple[str, int, str]:
-        """What :meth:`nvfs.store.Store.put_chunk` does on a directory store, from shared memory."""
-        data = self._buffers(buffers_fd)[offset : offset + length]
-        backend, engine = self._for(target)
+    def store(self, buffers_fd: int | None, offset: int, length: int, regions: list[tuple[int, int]] | None,
+              target: ChunkTarget | None) -> tuple[str, int, str]:
+        """What :meth:`nvfs.store.Store.put_chunk` does on a directory store, from shared memory.
+
+        ``buffers_fd`` and ``target`` come with a lane's first request only (``None`` after).
+        """
+        if buffers_fd is not None and target is not None:
+            self._adopt(buffers_fd, target)
+        buffers, target, backend, engine = self._buffers, self._target, self._backend, self._engine
+        if buffers is None or target is None or backend is None or engine is None:
+            raise BackendError("a write request came before the daemon's buffers")
+        data = buffers[offset : offset + length]
         digest = chunk_hash(target.hash_name)(data)
         cid = digest.hex()
-        parts, encoded = encode_chunk(data, engine, regions, digest)
+        spans = None if regions is None else [Region(size, ElementKind(kind)) for size, kind in regions]
+        parts, encoded = encode_chunk(data, engine, spans, digest)
         key = chunk_key(target.store_version, cid)
         if not backend.exists(key):
             backend.put_parts(key, parts, durable=False)
         return cid, sum(len(part) for part in parts), encoded.name
 
-    def _buffers(self, fd: int) -> memoryview:
-        """The daemon's buffers, mapped once (each request brings its own copy of the fd)."""
+    def _adopt(self, fd: int, target: ChunkTarget) -> None:
+        """Map the daemon's buffers (once: every lane sends them) and open the store they go to."""
         status = os.fstat(fd)
         identity = (status.st_dev, status.st_ino)
         with self._lock:
-            if identity not in self._maps:
-                self._maps[identity] = memoryview(mmap.mmap(fd, status.st_size, flags=mmap.MAP_SHARED))
-            return self._maps[identity]
-
-    def _for(self, target: ChunkTarget) -> tuple[DirectoryBackend, CpuEngine]:
-        with self._lock:
-            if target.root not in self._backends:
-                self._backends[target.root] = DirectoryBackend(target.root)
-            if target.level not in self._engines:
-                self._engines[target.level] = CpuEngine(target.level)
-            return self._backends[target.root], self._engines[target.level]
+            if identity != self._identity:
+                self._buffers = memoryview(mmap.mmap(fd, status.st_size, flags=mmap.MAP_SHARED))
+                self._identity = identity
+            if target != self._target:
+                self._backend, self._engine = DirectoryBackend(target.root), CpuEngine(target.level)
+                self._target = target
 
 
 def _serve(lane: socket.socket, engine: Engine, getters: _Getters, writer: _Writer) -> None:
@@ -107,7 +112,7 @@ def _serve(lane: socket.socket, engine: Engine, getters: _Getters, writer: _Writ
         kind, *request = pickle.loads(message)
         try:
             if kind == "put":
-                reply = ("ok", writer.store(fds[0], *request))
+                reply = ("ok", writer.store(fds[0] if fds else None, *request))
             else:
                 _decode_into(fds[0], *request, engine, getters)
                 reply = ("ok", "")

@@ -71,10 +71,6 @@ class ChunkTarget:
     level: int
 
 
-def store_request(offset: int, length: int, regions: list[Region] | None, target: ChunkTarget) -> bytes:
-    return pickle.dumps(("put", offset, length, regions, target))
-
-
 @dataclass(frozen=True)
 class SentRequest:
     """A request sent on a lane whose answer is still to be read (see :meth:`FetchPool.begin_store`)."""
@@ -102,6 +98,7 @@ class _Lane:
         self.socket, self.child_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._maps = maps
         self._ready = False  # until the child's thread for this lane said so
+        self._sent_buffers = False  # whether the child has the shared buffers' memfd from this lane
 
     def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
         settings = request.settings
@@ -118,7 +115,21 @@ class _Lane:
 
     def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
               target: ChunkTarget) -> tuple[str, int, str]:
-        return self._call(store_request(offset, length, regions, target), [buffers_fd], STORE_TIMEOUT)
+        return self._call(*self.store_request(buffers_fd, offset, length, regions, target), STORE_TIMEOUT)
+
+    def store_request(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
+                      target: ChunkTarget) -> tuple[bytes, list[int]]:
+        """A store request and the descriptors to send with it.
+
+        The memfd and the target go with a lane's first request only; the child keeps them.
+        Passing the descriptor and pickling the target each time cost the FUSE thread 0.3 ms
+        per chunk (py-spy of a 2 GiB save: 7% of its samples); regions go as plain tuples.
+        """
+        plain = None if regions is None else [(region.length, int(region.kind)) for region in regions]
+        if self._sent_buffers:
+            return pickle.dumps(("put", offset, length, plain, None)), []
+        self._sent_buffers = True
+        return pickle.dumps(("put", offset, length, plain, target)), [buffers_fd]
 
     def _call(self, message: bytes, fds: list[int], timeout: float):
         """Send one request with ``fds``; the child's answer, or its failure raised here."""
@@ -312,7 +323,7 @@ class FetchPool:
                 return None
             child, lane = self._idle.pop(ready[-1])
         try:
-            lane.send(store_request(offset, length, regions, target), [buffers_fd])
+            lane.send(*lane.store_request(buffers_fd, offset, length, regions, target))
         except FetchProcessFailed:
             self._lost(child, started=True)
             self._put_back(child, lane)
