@@ -374,8 +374,9 @@ def _code_float_planes(values: np.ndarray, payload: np.ndarray, cursor: int, cod
     """Cut and code the planes of ``values`` into ``payload`` at ``cursor``; returns them and the new cursor.
 
     The exponent plane, which shrinks, is cut and coded first; then the others are cut in one
-    pass to where they stay when stored raw, as mantissa planes are. A plane coded smaller
-    (or one after it) is moved down to close the gap: rare past the exponent plane.
+    pass to where they stay when stored raw, as mantissa planes are. A plane that codes
+    smaller is replaced by its frames, and the raw planes after it move down to close the
+    gap: rare past the exponent plane.
     """
     count, size = len(values), values.itemsize
     planes = []
