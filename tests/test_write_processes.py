@@ -11,13 +11,16 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import sys
 import threading
 
 import blake3
 import numpy as np
 import pytest
 
-from nvfs.store import SharedSlots
+from nvfs.backend.directory import DirectoryBackend
+from nvfs.codec import CpuEngine
+from nvfs.store import FetchPool, SharedSlots, Store
 from tests.conftest import MIB, checkpoint_like, fetch_children, wait_until_dead
 
 CPU = ("engine=cpu",)  # write processes code with the CPU engine only
@@ -117,3 +120,25 @@ def test_releasing_free_pages_keeps_the_bytes_of_buffers_in_use():
     slots.release_free_pages()
     assert (kept == 7).all()
     assert all((buffer == 0).all() for buffer in (slots.take(), slots.take()))  # holes read as zeros
+
+
+def test_a_write_pool_that_cannot_start_leaves_the_chunks_to_the_daemon(tmp_path, monkeypatch, caplog):
+    """A process that dies before it is ready turns the pool off, once: from then on chunks are
+    stored in the daemon without a warning each, and no shared buffer is handed out."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    store = Store.open(DirectoryBackend(str(tmp_path)), CpuEngine(), write_pool=FetchPool(1, 2),
+                       write_buffers=SharedSlots(4, MIB))
+    try:
+        shared = store.chunk_buffer(MIB)  # before anyone knows the process is gone
+        assert shared is not None
+        for seed in range(3):
+            data = checkpoint_like(4 * MIB, seed)[:MIB]
+            buffer = shared if seed == 0 else np.empty(MIB, dtype=np.uint8)
+            buffer[:] = np.frombuffer(data, dtype=np.uint8)
+            ref = store.put_chunk(memoryview(buffer))
+            assert bytes(store.get_chunk(ref)) == data
+        assert store.chunk_buffer(MIB) is None
+    finally:
+        store.close()
+    assert caplog.text.count("exited with status 1 before it was ready") == 1
+    assert caplog.text.count("storing it in the daemon") == 1  # the chunk that found out

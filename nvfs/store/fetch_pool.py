@@ -306,6 +306,11 @@ class FetchPool:
         """
         return self._on_a_lane(lambda lane: lane.store(buffers_fd, offset, length, regions, target))
 
+    @property
+    def serving(self) -> bool:
+        """False once the pool has turned itself off (or was closed): then nothing is sent."""
+        return not (self._off or self._closed)
+
     def begin_store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
                     target: ChunkTarget) -> SentRequest | None:
         """Send :meth:`store`'s request on an idle lane, waiting for nothing; ``None``: no lane is ready.

@@ -302,7 +302,13 @@ class Store:
         process.
         """
         buffers = self.write_buffers
-        return buffers.take() if buffers is not None and buffers.size == size else None
+        if buffers is None or buffers.size != size or not self._writes_elsewhere():
+            return None
+        return buffers.take()
+
+    def _writes_elsewhere(self) -> bool:
+        """Whether write processes take chunks: not once their pool has turned itself off."""
+        return self.write_pool is not None and self.write_pool.serving
 
     def release_idle_buffers(self) -> None:
         """Give the kernel the memory of the chunk buffers nobody is using (after writes stop)."""
@@ -324,7 +330,7 @@ class Store:
         idle; 3.2-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
         """
         offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
-        if offset is not None:
+        if offset is not None and self._writes_elsewhere():
             ref = self._put_elsewhere(offset, data, regions)
             if ref is not None:
                 return ref
