@@ -75,20 +75,19 @@ CUT(uint16_t, 2, 0) CUT(uint16_t, 2, 1)
 CUT(uint32_t, 4, 0) CUT(uint32_t, 4, 1) CUT(uint32_t, 4, 2) CUT(uint32_t, 4, 3)
 CUT(uint64_t, 8, 0) CUT(uint64_t, 8, 1) CUT(uint64_t, 8, 2) CUT(uint64_t, 8, 3)
 CUT(uint64_t, 8, 4) CUT(uint64_t, 8, 5) CUT(uint64_t, 8, 6) CUT(uint64_t, 8, 7)
+// All planes (to_planes) and all but the exponent plane (encode_regions): the runs asked for.
 CUT_FROM(uint16_t, 2, 0)
-CUT_FROM(uint32_t, 4, 0) CUT_FROM(uint32_t, 4, 1) CUT_FROM(uint32_t, 4, 2)
-CUT_FROM(uint64_t, 8, 0) CUT_FROM(uint64_t, 8, 1) CUT_FROM(uint64_t, 8, 2) CUT_FROM(uint64_t, 8, 3)
-CUT_FROM(uint64_t, 8, 4) CUT_FROM(uint64_t, 8, 5) CUT_FROM(uint64_t, 8, 6)
+CUT_FROM(uint32_t, 4, 0) CUT_FROM(uint32_t, 4, 1)
+CUT_FROM(uint64_t, 8, 0) CUT_FROM(uint64_t, 8, 1)
 
 typedef void (*cut_fn)(const uint8_t *, Py_ssize_t, uint8_t *);
 static const cut_fn CUT_2[] = {cut_2_0, cut_2_1};
 static const cut_fn CUT_4[] = {cut_4_0, cut_4_1, cut_4_2, cut_4_3};
 static const cut_fn CUT_8[] = {cut_8_0, cut_8_1, cut_8_2, cut_8_3, cut_8_4, cut_8_5, cut_8_6, cut_8_7};
-// Indexed by the first plane; the last plane alone is cut by CUT_*.
-static const cut_fn CUT_FROM_2[] = {cut_from_2_0};
-static const cut_fn CUT_FROM_4[] = {cut_from_4_0, cut_from_4_1, cut_from_4_2};
-static const cut_fn CUT_FROM_8[] = {cut_from_8_0, cut_from_8_1, cut_from_8_2, cut_from_8_3,
-                                    cut_from_8_4, cut_from_8_5, cut_from_8_6};
+// Indexed by the first plane (0 or 1); any other run is cut a plane at a time.
+static const cut_fn CUT_FROM_2[] = {cut_from_2_0};  // planes 1-1 are one plane
+static const cut_fn CUT_FROM_4[] = {cut_from_4_0, cut_from_4_1};
+static const cut_fn CUT_FROM_8[] = {cut_from_8_0, cut_from_8_1};
 MERGE(uint16_t, 2)
 MERGE(uint32_t, 4)
 MERGE(uint64_t, 8)
@@ -110,7 +109,7 @@ static void cut_range(const uint8_t *src, Py_ssize_t n, int size, int first, int
     const cut_fn *from = size == 2 ? CUT_FROM_2 : size == 4 ? CUT_FROM_4 : CUT_FROM_8;
     if (first == last)
         one[first](src, n, out);
-    else if (last == size - 1)
+    else if (last == size - 1 && first <= 1)
         from[first](src, n, out);
     else
         for (int p = first; p <= last; p++)

@@ -23,9 +23,9 @@ from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
 from nvfs.codec import CpuEngine, ElementKind, Engine, Region
 from nvfs.heap import tune_heap
-from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
+from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
 from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY, ChunkTarget
-from nvfs.store.store import chunk_key
+from nvfs.store.store import chunk_key, write_chunk_object
 
 _REQUEST_LIMIT = 1 << 16
 
@@ -84,11 +84,9 @@ class _Writer:
         digest = chunk_hash(target.hash_name)(data)
         cid = digest.hex()
         spans = None if regions is None else [Region(size, ElementKind(kind)) for size, kind in regions]
-        parts, encoded = encode_chunk(data, engine, spans, digest)
-        key = chunk_key(target.store_version, cid)
-        if not backend.exists(key):
-            backend.put_parts(key, parts, durable=False)
-        return cid, sum(len(part) for part in parts), encoded.name
+        stored, name = write_chunk_object(backend, engine, chunk_key(target.store_version, cid), data, spans,
+                                          digest)
+        return cid, stored, name
 
     def _adopt(self, fd: int, target: ChunkTarget) -> None:
         """Map the daemon's buffers (once: every lane sends them) and open the store they go to."""

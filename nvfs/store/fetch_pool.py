@@ -17,14 +17,16 @@ decoded chunk; the reply is a status. The child checks the chunk exactly as the 
 the chunk: no copy, and no buffer of the daemon's heap, which glibc would keep once freed.
 The chunk's memory goes back to the kernel when the last view of it is dropped.
 
-The same processes store chunks for a directory store (``-o write_procs``): the daemon
-passes the memfd of its shared chunk buffers (:mod:`nvfs.store.slots`) with each request and
-the chunk's place in it; the child hashes, codes and writes the chunk object as the store
-would, and answers with its id, stored size and encoding (:meth:`FetchPool.store`).
+The same processes store chunks for a directory store (``-o write_procs``): with a lane's
+first request the daemon passes the memfd of its shared chunk buffers
+(:mod:`nvfs.store.slots`), with every request the chunk's place in it; the child hashes, codes
+and writes the chunk object with the store's own function and answers with its id, stored
+size and encoding (:meth:`FetchPool.store`, :meth:`FetchPool.begin_store`).
 
 A child that dies fails its lanes' requests with :class:`FetchProcessFailed` (the store
-then reads or stores those chunks itself) and is started again on the next request, unless it exited
-with an error before it was ready: then the pool turns itself off and says so in the log.
+then reads or stores those chunks itself) and is started again on the next request, unless
+it exited with an error before it was ready: then the pool turns itself off and says so in
+the log.
 """
 
 from __future__ import annotations

@@ -80,6 +80,20 @@ def chunk_key(store_version: int, cid: str) -> str:
     return f"{CHUNK_PREFIX}{cid[:2]}/{cid[2:4]}/{cid}"
 
 
+def write_chunk_object(backend: Backend, engine: Engine, key: str, data: bytes | memoryview,
+                       regions: list[Region] | None, digest: bytes) -> tuple[int, str]:
+    """Code ``data`` (hashing to ``digest``), store it as chunk object ``key``; its stored size, encoding.
+
+    The one place a chunk object is written, by the daemon or by a write process. On a
+    shared backend an existing chunk may be collected by another mount any moment: it is
+    stored again, which also renews its age.
+    """
+    parts, encoded = encode_chunk(data, engine, regions, digest)
+    if backend.shared or not backend.exists(key):
+        backend.put_parts(key, parts, durable=False)
+    return sum(len(part) for part in parts), encoded.name
+
+
 def _reports_backend_failures(method):
     """Turn a backend failure inside a namespace operation into :class:`StoreUnavailable`."""
 
@@ -302,11 +316,11 @@ class Store:
         process.
         """
         buffers = self.write_buffers
-        if buffers is None or buffers.size != size or not self._writes_elsewhere():
+        if buffers is None or buffers.size != size or not self.writes_elsewhere():
             return None
         return buffers.take()
 
-    def _writes_elsewhere(self) -> bool:
+    def writes_elsewhere(self) -> bool:
         """Whether write processes take chunks: not once their pool has turned itself off."""
         return self.write_pool is not None and self.write_pool.serving
 
@@ -330,7 +344,7 @@ class Store:
         idle; 3.2-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
         """
         offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
-        if offset is not None and self._writes_elsewhere():
+        if offset is not None and self.writes_elsewhere():
             ref = self._put_elsewhere(offset, data, regions)
             if ref is not None:
                 return ref
@@ -341,16 +355,8 @@ class Store:
             try:
                 known = self._present.get(cid)
                 if known is None or not self._still_safe(known[2]):
-                    parts, encoded = encode_chunk(data, self.engine, regions, digest)
-                    key = self.chunk_key(cid)
-                    # On a shared backend an existing chunk may be collected by another
-                    # mount any moment: store it again, which also renews its age.
-                    if self.backend.shared or not self.backend.exists(key):
-                        self.backend.put_parts(key, parts, durable=False)
-                    known = (sum(len(part) for part in parts), encoded.name, time.time())
-                    if len(self._present) >= _PRESENT_LIMIT:
-                        self._present.clear()
-                    self._present[cid] = known
+                    known = self._remember(cid, *write_chunk_object(
+                        self.backend, self.engine, self.chunk_key(cid), data, regions, digest))
             except BaseException:
                 self.unpin([cid])
                 raise
@@ -423,10 +429,15 @@ class Store:
     def _stored_elsewhere(self, cid: str, length: int, stored: int, name: str) -> ChunkRef:
         """Pin and remember a chunk a write process stored (the caller holds the GC lock)."""
         self.pin([cid])
+        self._remember(cid, stored, name)
+        return ChunkRef(cid, length, stored, name)
+
+    def _remember(self, cid: str, stored: int, name: str) -> tuple[int, str, float]:
+        """Note that chunk ``cid`` is stored now (stored size, encoding), so it is not coded again."""
         if len(self._present) >= _PRESENT_LIMIT:
             self._present.clear()
-        self._present[cid] = (stored, name, time.time())
-        return ChunkRef(cid, length, stored, name)
+        known = self._present[cid] = (stored, name, time.time())
+        return known
 
     def _still_safe(self, stored_at: float) -> bool:
         """Whether a chunk this mount stored at ``stored_at`` cannot have been collected since."""

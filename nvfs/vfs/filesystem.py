@@ -711,6 +711,8 @@ class Vfs:
         A worker slot is held meanwhile, as a worker thread would hold one: then a lane of
         the write processes is free whenever a slot is.
         """
+        if not self.store.writes_elsewhere():
+            return None
         async with self._workers:
             pending = self.store.begin_put(data, regions)
             if pending is None:
