@@ -341,7 +341,7 @@ class Store:
         took the GIL back dozens of times per chunk, each time from the FUSE thread, which a
         ``torch.save`` waits for on every 1 MiB write. Saving 2 GiB into a new store on the
         2-core VM took 4.2-5.5 s with worker threads doing the work, the machine a quarter
-        idle; 3.2-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
+        idle; 3.1-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
         """
         offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
         if offset is not None and self.writes_elsewhere():
