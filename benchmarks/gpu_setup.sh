@@ -97,9 +97,11 @@ build_c_extensions() {
         $(python3-config --includes) src/pyfuse3/__init__.c -L"$fuse/lib" -lfuse3 -lpthread -lrt \
         -o "$SITE/pyfuse3/__init__$(python3-config --extension-suffix)")
     mkdir -p /tmp/bin && cp "$fuse/fusermount3" /tmp/bin/ && chmod u+s /tmp/bin/fusermount3
-    # nvfs's own C extension (setup.py would build it, but the tree is used in place there)
+    # nvfs's own C and C++ extensions (setup.py would build them, but the tree is used in place there)
     gcc -shared -fPIC -O3 $(python3-config --includes) "$REPO/nvfs/codec/_planes.c" \
         -o "$REPO/nvfs/codec/_planes$(python3-config --extension-suffix)"
+    g++ -shared -fPIC -O3 $(python3-config --includes) "$REPO/nvfs/codec/_huffman.cpp" \
+        -o "$REPO/nvfs/codec/_huffman$(python3-config --extension-suffix)"
 }
 
 case "${1:-}" in

@@ -64,6 +64,14 @@ def plane_loops(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["huffman", "zstd"])
+def plane_coders(request, monkeypatch):
+    """Float planes coded by nvfs.codec._huffman (zstd too where it may be smaller), and by zstd alone."""
+    if request.param == "zstd":
+        monkeypatch.setattr(plane_module, "huffman", None)
+    return request.param
+
+
 def test_the_c_plane_loops_are_built():
     """setup.py builds nvfs.codec._planes where there is a compiler (scripts/setup.sh installs gcc):
     without it every chunk is cut and merged by numpy, merging five to six times slower."""
@@ -232,7 +240,13 @@ def test_chunk_boundaries_inside_values(kind, cut, chunk, seed):
         _roundtrip(piece, tracker.chunk_regions(offset, piece))
 
 
-def test_zeros_cost_almost_nothing():
+def test_the_huffman_coder_is_built():
+    """setup.py builds nvfs.codec._huffman where there is a C++ compiler (scripts/setup.sh installs
+    g++): without it zstd codes the exponent planes, searching for matches they do not have."""
+    assert plane_module.huffman is not None, "nvfs.codec._huffman is missing: pip install -e . with g++"
+
+
+def test_zeros_cost_almost_nothing(plane_coders):
     data = bytes(4 << 20)
     encoded = ENGINE.encode(data, [Region(len(data), ElementKind.FP32)])
     assert len(encoded.payload) + len(encoded.params) < 4096
@@ -247,7 +261,7 @@ def test_float_planes_beat_plain_zstd_on_weights():
     assert len(planes.payload) < 0.95 * len(plain.payload)
 
 
-def test_float_planes_are_standard_zstd_frames_one_per_sub_block():
+def test_float_planes_are_standard_zstd_frames_one_per_sub_block(plane_coders):
     """Each frame decodes alone with any zstd (the portable format), to its sub-block of the plane."""
     rng = np.random.default_rng(4)
     weights = (rng.standard_normal(1 << 19) * 0.02).astype(np.float32).tobytes()
@@ -267,6 +281,54 @@ def test_float_planes_are_standard_zstd_frames_one_per_sub_block():
         else:
             start += plane.stored
     assert framed >= 1, "the exponent plane should be coded"
+
+
+def huffman_frames(plane: np.ndarray, frame_size: int = FRAME_SIZE) -> list[bytes] | None:
+    frames = -(-len(plane) // frame_size)
+    out = np.empty(len(plane) + 16 * frames, dtype=np.uint8)
+    lengths = plane_module.huffman.encode_frames(plane, frame_size, out)
+    if lengths is None:
+        return None
+    ends = np.cumsum([0, *lengths])
+    return [out[start:end].tobytes() for start, end in zip(ends[:-1], ends[1:], strict=True)]
+
+
+def test_huffman_frames_of_rare_values_are_stored_raw_not_overrun():
+    """Codes come from the whole plane's table: a frame of values rare in the plane takes up to
+    11 bits a byte. Such a frame is stored raw, and coding it first must fit its scratch."""
+    rng = np.random.default_rng(21)
+    common = rng.geometric(0.4, 7 * FRAME_SIZE).clip(1, 6).astype(np.uint8)
+    rare = np.tile(np.arange(7, 256, dtype=np.uint8), FRAME_SIZE // 249 + 1)[:FRAME_SIZE]
+    plane = np.concatenate([common, rare])
+    frames = huffman_frames(plane)
+    assert b"".join(zstd.ZstdDecompressor().decompress(frame) for frame in frames) == plane.tobytes()
+    assert len(frames[-1]) == 12 + FRAME_SIZE  # frame header and block header, then the bytes
+    assert all(len(frame) < FRAME_SIZE // 2 for frame in frames[:-1])
+
+
+def test_huffman_leaves_one_valued_planes_to_zstd_and_keeps_zstd_where_it_is_smaller(plane_coders):
+    coder = plane_module.PlaneCoder(3)
+    sevens = np.full(3 * FRAME_SIZE, 7, dtype=np.uint8)
+    if plane_coders == "huffman":
+        assert huffman_frames(sevens) is None  # no table for one value
+    entry, packed = coder.compress_float_plane(sevens)
+    assert entry.codec == Codec.ZSTD_FRAMES and entry.stored < 100
+    # Runs of zeros with a few other values: Huffman spends a bit per byte, zstd's matches less.
+    runs = np.zeros(4 * FRAME_SIZE, dtype=np.uint8)
+    runs[::97] = np.random.default_rng(22).integers(1, 40, len(runs[::97]))
+    entry, packed = coder.compress_float_plane(runs)
+    assert entry.stored < len(runs) // 10
+    decoded = coder.decompress(entry, memoryview(bytes(packed)), len(runs))
+    assert bytes(decoded) == runs.tobytes()
+
+
+def test_huffman_coder_refuses_what_does_not_fit():
+    plane = np.random.default_rng(23).integers(0, 9, 3 * FRAME_SIZE, dtype=np.uint8)
+    with pytest.raises(ValueError, match="out holds"):
+        plane_module.huffman.encode_frames(plane, FRAME_SIZE, np.empty(len(plane), dtype=np.uint8))
+    for frame_size in (0, FRAME_SIZE + 1):
+        with pytest.raises(ValueError, match="frame_size"):
+            plane_module.huffman.encode_frames(plane, frame_size, np.empty(2 * len(plane), dtype=np.uint8))
 
 
 def test_detection_picks_the_float_kind():

@@ -1,8 +1,8 @@
-"""CPU engine: zstd through the ``zstandard`` package, plus the float byte-plane transform.
+"""CPU engine: the float byte-plane transform, its planes Huffman-coded as zstd frames, zstd elsewhere.
 
-zstandard and numpy release the GIL while they work, so the store's worker threads
-compress and decompress chunks in parallel. Compressor objects are not thread-safe: each
-thread keeps its own.
+The Huffman coder (nvfs.codec._huffman), zstandard and numpy release the GIL while they work,
+so the store's worker threads compress and decompress chunks in parallel. Compressor objects
+are not thread-safe: each thread keeps its own.
 """
 
 from __future__ import annotations
