@@ -115,7 +115,7 @@ def open_store(backend: Backend, options: MountOptions, disk_cache: ChunkFileCac
     fetch_pool = FetchPool(options.fetch_procs, options.vfs.threads) if options.fetch_procs else None
     write_pool = buffers = None
     if options.write_procs:
-        write_pool = FetchPool(options.write_procs, options.vfs.threads)
+        write_pool = FetchPool(options.write_procs, options.vfs.threads, options.write_timeout)
         # Room for every chunk in flight and one being written per worker; past that, chunks
         # are buffered and stored in the daemon. Pages are only allocated once used.
         chunk = options.vfs.chunk_size

@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from nvfs.store.fetch_pool import STORE_TIMEOUT
 from nvfs.vfs import VfsConfig
 
 
@@ -68,6 +69,7 @@ class MountOptions:
     # the 2-core VM one process with four lanes saved 2 GiB in 4.29-4.37 s, two processes of
     # two lanes each in 4.54-4.60 s.
     write_procs: int = 1
+    write_timeout: float = STORE_TIMEOUT  # seconds a write process may take on one chunk: then it is hung
 
 
 def default_fetch_procs(cores: int) -> int:
@@ -129,6 +131,10 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         options.fetch_procs = _bounded(name, _integer(name, value), 0, 64)
     elif name == "write_procs":
         options.write_procs = _bounded(name, _integer(name, value), 0, 64)
+    elif name == "write_timeout":
+        options.write_timeout = _seconds(name, value)
+        if not 1 <= options.write_timeout <= 86400:
+            raise OptionError(f"write_timeout={value} is out of range (1..86400 seconds)")
     elif name == "level":
         options.level = _bounded(name, _integer(name, value), 1, 19)
     elif name == "engine":
@@ -167,8 +173,8 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
 
 _BACKEND_OPTIONS = frozenset({"endpoint_url", "region", "profile"})
 _VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | {
-    "threads", "fetch_procs", "write_procs", "level", "engine", "gpu", "codec", "log_file", "log_level",
-    "metadata_ttl", "gc_grace", "stage_dir", "stage_size", "cache_dir", "cache_dir_size"}
+    "threads", "fetch_procs", "write_procs", "write_timeout", "level", "engine", "gpu", "codec", "log_file",
+    "log_level", "metadata_ttl", "gc_grace", "stage_dir", "stage_size", "cache_dir", "cache_dir_size"}
 
 
 def _size(name: str, text: str) -> int:

@@ -111,8 +111,9 @@ def test_mountpoint_is_busy(mount_factory):
 @pytest.mark.parametrize(("option", "named"), [
     ("bogus=1", "bogus"), ("chunk_size=abc", "abc"), ("engine=fast", "engine"), ("gpu=-1", "gpu"),
     ("gpu=one", "gpu"), ("codec=lz4", "codec"), ("cached_writes=1", "cached_writes"),
+    ("write_timeout=0.5", "write_timeout"),
 ], ids=["unknown_option", "bad_option_value", "unknown_engine", "negative_gpu", "gpu_not_a_number",
-        "unknown_codec", "flag_with_value"])
+        "unknown_codec", "flag_with_value", "write_timeout_too_short"])
 def test_bad_option_is_refused(mount_factory, option, named):
     mount = mount_factory()
     result = _mount_cli(mount, "-o", option)

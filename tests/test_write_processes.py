@@ -8,6 +8,7 @@ stores the chunk itself and a new process takes over), and the shared buffers' b
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -78,6 +79,30 @@ def test_a_killed_write_process_costs_a_warning_not_data(mount_factory, when):
     log = mount.log()
     assert "starting another" in log
     assert "handing it over again" in log or "storing it in the daemon" in log  # event loop or thread
+    after = fetch_children(mount.daemon_pid())
+    assert len(after) == 1 and before not in after
+
+
+def test_a_hung_write_process_is_replaced_after_write_timeout(mount_factory):
+    """A stopped (SIGSTOP) process answers nothing: after ``write_timeout`` it is killed, its
+    chunks are handed over again and a new process takes over; the writer only waits."""
+    mount = mount_factory(options=(*CPU, "chunk_size=1M", "write_timeout=2"))
+    mount.mount()
+    data = checkpoint_like(12 * MIB, 6)
+    (mount.path / "first.bin").write_bytes(data[: 8 * MIB])  # every lane has served: the process is up
+    (before,) = fetch_children(mount.daemon_pid())
+    os.kill(before, signal.SIGSTOP)
+    try:
+        (mount.path / "x.bin").write_bytes(data)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(before, signal.SIGCONT)
+    wait_until_dead(before, 10, "the daemon's kill")
+    mount.remount()
+    assert (mount.path / "x.bin").read_bytes() == data
+    log = mount.log()
+    assert "did not answer in 2 s: handing it over again" in log
+    assert "starting another" in log
     after = fetch_children(mount.daemon_pid())
     assert len(after) == 1 and before not in after
 

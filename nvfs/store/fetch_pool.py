@@ -60,7 +60,7 @@ _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
 # not a page fault per 4 KiB.
 CHUNK_MAP_FLAGS = mmap.MAP_SHARED | mmap.MAP_POPULATE
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
-STORE_TIMEOUT = 600.0  # seconds a write process may take to store one chunk on a local disk
+STORE_TIMEOUT = 600.0  # seconds a write process may take to store one chunk on a local disk (default)
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,8 @@ class _Lane:
             os.close(memfd)
 
     def store(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
-              target: ChunkTarget) -> tuple[str, int, str]:
-        return self._call(*self.store_request(buffers_fd, offset, length, regions, target), STORE_TIMEOUT)
+              target: ChunkTarget, timeout: float) -> tuple[str, int, str]:
+        return self._call(*self.store_request(buffers_fd, offset, length, regions, target), timeout)
 
     def store_request(self, buffers_fd: int, offset: int, length: int, regions: list[Region] | None,
                       target: ChunkTarget) -> tuple[bytes, list[int]]:
@@ -277,10 +277,12 @@ class FetchPool:
 
     The daemon never runs more fetches at once than it has worker threads, so that is what
     to pass: each child is then as busy as the others and no lane stands idle.
+    ``store_timeout``: seconds a child may take to store one chunk before it is taken for hung.
     """
 
-    def __init__(self, processes: int, fetches: int) -> None:
+    def __init__(self, processes: int, fetches: int, store_timeout: float = STORE_TIMEOUT) -> None:
         self.processes = processes
+        self.store_timeout = store_timeout
         self.lanes = -(-fetches // processes)
         self.maps = ChunkMaps()
         self._children: list[_Child] = []
@@ -306,7 +308,8 @@ class FetchPool:
         :class:`FetchProcessFailed` when no process could answer (the chunk may then be
         stored or not: the caller stores it itself, which writes the same object again).
         """
-        return self._on_a_lane(lambda lane: lane.store(buffers_fd, offset, length, regions, target))
+        return self._on_a_lane(lambda lane: lane.store(buffers_fd, offset, length, regions, target,
+                                                       self.store_timeout))
 
     @property
     def serving(self) -> bool:
@@ -318,7 +321,7 @@ class FetchPool:
         """Send :meth:`store`'s request on an idle lane, waiting for nothing; ``None``: no lane is ready.
 
         For a caller on an event loop: it waits for the returned request's descriptor to turn
-        readable, then calls :meth:`finish` (or :meth:`give_up` after ``STORE_TIMEOUT``).
+        readable, then calls :meth:`finish` (or :meth:`give_up` after ``store_timeout``).
         Raises :class:`FetchProcessFailed` where the child did not take the request.
         """
         with self._cond:

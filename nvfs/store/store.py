@@ -25,7 +25,7 @@ from nvfs.backend import Backend, BackendError, ObjectNotFound
 from nvfs.codec import CpuEngine, Engine, LayoutTracker, Region, cpu_decodes
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
-from nvfs.store.fetch_pool import STORE_TIMEOUT, ChunkTarget, FetchPool, FetchProcessFailed, SentRequest
+from nvfs.store.fetch_pool import ChunkTarget, FetchPool, FetchProcessFailed, SentRequest
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
 from nvfs.store.slots import SharedSlots
 
@@ -195,7 +195,7 @@ class PendingPut:
 
     sent: SentRequest
     length: int
-    timeout: float = STORE_TIMEOUT
+    timeout: float  # seconds to wait for the answer (the pool's store_timeout)
 
     def fileno(self) -> int:
         return self.sent.fileno()
@@ -400,12 +400,12 @@ class Store:
         if sent is None:
             self._gc_lock.release_shared()
             return None
-        return PendingPut(sent, len(data))
+        return PendingPut(sent, len(data), self.write_pool.store_timeout)
 
     def finish_put(self, pending: PendingPut, answered: bool) -> ChunkRef | None:
         """The chunk of :meth:`begin_put`, stored; ``None`` where its write process failed.
 
-        ``answered``: whether the descriptor turned readable in time (``STORE_TIMEOUT``);
+        ``answered``: whether the descriptor turned readable in time (``pending.timeout``);
         if not, the process is stopped. On ``None`` the caller stores the chunk with
         :meth:`put_chunk` (which tries a write process once more, then stores it itself).
         Raises :class:`BackendError` where the process could not write it.
@@ -415,7 +415,7 @@ class Store:
             if not answered:
                 self.write_pool.give_up(pending.sent)
                 log.warning("a chunk of %d bytes: its write process did not answer in %.0f s: "
-                            "handing it over again", pending.length, STORE_TIMEOUT)
+                            "handing it over again", pending.length, pending.timeout)
                 return None
             try:
                 cid, stored, name = self.write_pool.finish(pending.sent)
