@@ -10,7 +10,6 @@
 #include <Python.h>
 
 #include <cstring>
-#include <vector>
 
 #define __host__
 #define __device__
@@ -143,6 +142,19 @@ PyDoc_STRVAR(encode_frames_doc,
              "plane plus 16 bytes per frame. None: the plane has no table (one byte value only, or\n"
              "weights zstd cannot describe).");
 
+// Codes the frames of `n` bytes (a table for them given) back to back into `dst`; their lengths.
+static void encode_plane(const u8* data, Py_ssize_t n, Py_ssize_t frame_size, const u32* table,
+                         const u8* description, int described, u8* scratch, u32 stream_room, u8* dst,
+                         u32* lengths) {
+    Py_ssize_t written = 0;
+    for (Py_ssize_t f = 0, first = 0; first < n; f++, first += frame_size) {
+        u32 size = (u32)(first + frame_size <= n ? frame_size : n - first);
+        lengths[f] = encode_frame(data + first, size, table, description, described, scratch, stream_room,
+                                  dst + written);
+        written += lengths[f];
+    }
+}
+
 static PyObject* encode_frames(PyObject*, PyObject* args) {
     Py_buffer plane, out;
     Py_ssize_t frame_size;
@@ -150,43 +162,46 @@ static PyObject* encode_frames(PyObject*, PyObject* args) {
     PyObject* result = NULL;
     const Py_ssize_t n = plane.len;
     const Py_ssize_t frames = frame_size > 0 ? (n + frame_size - 1) / frame_size : 0;
-    std::vector<u32> lengths((size_t)frames);
+    // A stream codes each of its bytes in at most HUF_MAX_BITS, plus the end mark and slack.
+    const u32 stream_room = (u32)((frame_size / 4 + 2) * HUF_MAX_BITS / 8 + 16);
+    u32* lengths = NULL;
+    u8* scratch = NULL;
     if (frame_size <= 0 || frame_size > (1 << 17)) {
         PyErr_SetString(PyExc_ValueError, "frame_size must be 1 to 128 KiB (one zstd block)");
     } else if (out.len < n + 16 * frames) {
-        PyErr_Format(PyExc_ValueError, "out holds %zd bytes, %zd frames of %zd need %zd", out.len, frames, n,
-                     n + 16 * frames);
+        PyErr_Format(PyExc_ValueError, "out holds %zd bytes; %zd frames of a %zd-byte plane need %zd", out.len,
+                     frames, n, n + 16 * frames);
+    } else if (!(lengths = (u32*)PyMem_Malloc(sizeof(u32) * (size_t)(frames + 1))) ||
+               !(scratch = (u8*)PyMem_Malloc(4 * (size_t)stream_room))) {
+        PyErr_NoMemory();
     } else {
         const u8* data = (const u8*)plane.buf;
-        u8* dst = (u8*)out.buf;
         int described = 0;
         Py_BEGIN_ALLOW_THREADS;
         u32 counts[256], table[256];
         u8 description[DESCRIPTION_STRIDE];
         count_bytes(data, n, counts);
         described = huffman_table(counts, table, description);
-        if (described) {
-            // A stream codes each of its bytes in at most HUF_MAX_BITS, plus the end mark and slack.
-            const u32 stream_room = (u32)((frame_size / 4 + 2) * HUF_MAX_BITS / 8 + 16);
-            std::vector<u8> scratch(4 * (size_t)stream_room);
-            Py_ssize_t written = 0;
-            for (Py_ssize_t f = 0; f < frames; f++) {
-                Py_ssize_t first = f * frame_size;
-                u32 size = (u32)(first + frame_size <= n ? frame_size : n - first);
-                u32 length = encode_frame(data + first, size, table, description, described, scratch.data(),
-                                          stream_room, dst + written);
-                written += length;
-                lengths[(size_t)f] = length;
-            }
-        }
+        if (described)
+            encode_plane(data, n, frame_size, table, description, described, scratch, stream_room, (u8*)out.buf,
+                         lengths);
         Py_END_ALLOW_THREADS;
         if (!described) {
             result = Py_None;
             Py_INCREF(result);
         } else if ((result = PyList_New(frames)) != NULL) {
-            for (Py_ssize_t f = 0; f < frames; f++) PyList_SET_ITEM(result, f, PyLong_FromUnsignedLong(lengths[(size_t)f]));
+            for (Py_ssize_t f = 0; f < frames; f++) {
+                PyObject* length = PyLong_FromUnsignedLong(lengths[f]);
+                if (length == NULL) {
+                    Py_CLEAR(result);
+                    break;
+                }
+                PyList_SET_ITEM(result, f, length);
+            }
         }
     }
+    PyMem_Free(lengths);
+    PyMem_Free(scratch);
     PyBuffer_Release(&plane);
     PyBuffer_Release(&out);
     return result;
