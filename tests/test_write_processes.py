@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import blake3
 import numpy as np
@@ -81,6 +82,26 @@ def test_a_killed_write_process_costs_a_warning_not_data(mount_factory, when):
     assert "handing it over again" in log or "storing it in the daemon" in log  # event loop or thread
     after = fetch_children(mount.daemon_pid())
     assert len(after) == 1 and before not in after
+
+
+def test_content_collected_and_written_again_is_stored_again(mount_factory):
+    """A write process remembers what it stored, to spare coding it twice; once a collection has
+    deleted those chunks, the same content written again must be stored again, not assumed."""
+    mount = mount_factory(options=(*CPU, "chunk_size=1M"))
+    mount.mount()
+    data = checkpoint_like(6 * MIB, 7)
+    ids = {blake3.blake3(data[start : start + MIB]).hexdigest() for start in range(0, len(data), MIB)}
+    chunks = mount.source / "chunks"
+    (mount.path / "a.bin").write_bytes(data)
+    (mount.path / "a.bin").unlink()
+    deadline = time.monotonic() + 60
+    while any(path.is_file() for path in chunks.rglob("*")):
+        assert time.monotonic() < deadline, "the unlinked file's chunks were not collected"
+        time.sleep(0.01)  # collection has no completion API: poll the store
+    (mount.path / "b.bin").write_bytes(data)
+    mount.remount()
+    assert (mount.path / "b.bin").read_bytes() == data
+    assert {key.rsplit("/", 1)[1] for key in mount.keys("chunks/")} == ids
 
 
 def test_a_hung_write_process_is_replaced_after_write_timeout(mount_factory):

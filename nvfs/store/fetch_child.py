@@ -25,7 +25,7 @@ from nvfs.codec import CpuEngine, ElementKind, Engine, Region
 from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
 from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY, ChunkTarget
-from nvfs.store.store import chunk_key, write_chunk_object
+from nvfs.store.store import KnownChunks, chunk_key, write_chunk_object
 
 _REQUEST_LIMIT = 1 << 16
 
@@ -67,6 +67,7 @@ class _Writer:
         self._target: ChunkTarget | None = None
         self._backend: DirectoryBackend | None = None
         self._engine: CpuEngine | None = None
+        self._known = KnownChunks()
         self._lock = threading.Lock()
 
     def store(self, buffers_fd: int | None, offset: int, length: int, regions: list[tuple[int, int]] | None,
@@ -83,10 +84,15 @@ class _Writer:
         data = buffers[offset : offset + length]
         digest = chunk_hash(target.hash_name)(data)
         cid = digest.hex()
-        spans = None if regions is None else [Region(size, ElementKind(kind)) for size, kind in regions]
-        stored, name = write_chunk_object(backend, engine, chunk_key(target.store_version, cid), data, spans,
-                                          digest)
-        return cid, stored, name
+        key = chunk_key(target.store_version, cid)
+        # As the store's own table, one here spares coding content stored before; the daemon's
+        # collections do not reach it, so a remembered chunk must still be there. (No collection
+        # runs while the daemon waits for this answer: it holds the GC lock's shared side.)
+        known = self._known.get(cid)
+        if known is None or not backend.exists(key):
+            spans = None if regions is None else [Region(size, ElementKind(kind)) for size, kind in regions]
+            known = self._known.remember(cid, *write_chunk_object(backend, engine, key, data, spans, digest))
+        return cid, known[0], known[1]
 
     def _adopt(self, fd: int, target: ChunkTarget) -> None:
         """Map the daemon's buffers (once: every lane sends them) and open the store they go to."""

@@ -325,7 +325,7 @@ class FetchPool:
         Raises :class:`FetchProcessFailed` where the child did not take the request.
         """
         with self._cond:
-            if self._off or self._closed:
+            if not self.serving:
                 return None
             self._start_missing()
             ready = [index for index, (_child, lane) in enumerate(self._idle) if lane.poll_ready()]

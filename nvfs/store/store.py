@@ -94,6 +94,29 @@ def write_chunk_object(backend: Backend, engine: Engine, key: str, data: bytes |
     return sum(len(part) for part in parts), encoded.name
 
 
+class KnownChunks:
+    """Chunks this process stored lately, so that the same content is not coded again.
+
+    Chunk id -> stored size, encoding, when it was stored. Emptied when it holds
+    ``_PRESENT_LIMIT`` ids, rather than growing without bound.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[int, str, float]] = {}
+
+    def get(self, cid: str) -> tuple[int, str, float] | None:
+        return self._known.get(cid)
+
+    def remember(self, cid: str, stored: int, name: str) -> tuple[int, str, float]:
+        if len(self._known) >= _PRESENT_LIMIT:
+            self._known.clear()
+        known = self._known[cid] = (stored, name, time.time())
+        return known
+
+    def forget(self, cid: str) -> tuple[int, str, float] | None:
+        return self._known.pop(cid, None)
+
+
 def _reports_backend_failures(method):
     """Turn a backend failure inside a namespace operation into :class:`StoreUnavailable`."""
 
@@ -227,7 +250,7 @@ class Store:
         self._pins: dict[str, int] = {}
         self._gc_touched: set[str] | None = None
         self._namespace_moves = 0
-        self._present: dict[str, tuple[int, str, float]] = {}  # id -> stored size, codec, when stored
+        self._present = KnownChunks()
         self._manifests: dict[str, tuple[str, Manifest]] = {}  # key -> (version, manifest) last listed
         # Write processes code with the CPU engine and write files: a directory store's only.
         root = backend.files_root()
@@ -343,7 +366,7 @@ class Store:
         2-core VM took 4.2-5.5 s with worker threads doing the work, the machine a quarter
         idle; 3.1-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
         """
-        offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
+        offset = self._shared_offset(data)
         if offset is not None and self.writes_elsewhere():
             ref = self._put_elsewhere(offset, data, regions)
             if ref is not None:
@@ -355,12 +378,16 @@ class Store:
             try:
                 known = self._present.get(cid)
                 if known is None or not self._still_safe(known[2]):
-                    known = self._remember(cid, *write_chunk_object(
+                    known = self._present.remember(cid, *write_chunk_object(
                         self.backend, self.engine, self.chunk_key(cid), data, regions, digest))
             except BaseException:
                 self.unpin([cid])
                 raise
         return ChunkRef(cid, len(data), known[0], known[1])
+
+    def _shared_offset(self, data: memoryview) -> int | None:
+        """Where ``data`` lies in the buffers shared with the write processes, if it does."""
+        return self.write_buffers.offset_of(data) if self.write_buffers is not None else None
 
     def _put_elsewhere(self, offset: int, data: memoryview, regions: list[Region] | None) -> ChunkRef | None:
         """The chunk at ``offset`` of the shared buffers, stored by a write process; ``None``: store it here.
@@ -387,7 +414,7 @@ class Store:
         ``None``: the data is not in a shared buffer, no write process is ready, or a
         collection holds the GC lock; :meth:`put_chunk` then stores it.
         """
-        offset = self.write_buffers.offset_of(data) if self.write_buffers is not None else None
+        offset = self._shared_offset(data)
         if offset is None or not self._gc_lock.try_shared():
             return None
         assert self.write_pool is not None and self.write_buffers is not None and self._chunk_target
@@ -429,15 +456,8 @@ class Store:
     def _stored_elsewhere(self, cid: str, length: int, stored: int, name: str) -> ChunkRef:
         """Pin and remember a chunk a write process stored (the caller holds the GC lock)."""
         self.pin([cid])
-        self._remember(cid, stored, name)
+        self._present.remember(cid, stored, name)
         return ChunkRef(cid, length, stored, name)
-
-    def _remember(self, cid: str, stored: int, name: str) -> tuple[int, str, float]:
-        """Note that chunk ``cid`` is stored now (stored size, encoding), so it is not coded again."""
-        if len(self._present) >= _PRESENT_LIMIT:
-            self._present.clear()
-        known = self._present[cid] = (stored, name, time.time())
-        return known
 
     def _still_safe(self, stored_at: float) -> bool:
         """Whether a chunk this mount stored at ``stored_at`` cannot have been collected since."""
@@ -630,7 +650,7 @@ class Store:
             cid = key.rsplit("/", 1)[1]
             if cid in keep or (self.gc_grace and modified > young):
                 continue
-            known = self._present.pop(cid, None)
+            known = self._present.forget(cid)
             self.backend.delete(key)
             count += 1
             freed += known[0] if known else 0
