@@ -9,6 +9,7 @@ import select
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,14 @@ def nvfs(*args: str, check: bool = False, timeout: float = 120,
     """Run the ``nvfs`` command line; returns the finished process (text output)."""
     return subprocess.run([*NVFS, *args], capture_output=True, text=True, timeout=timeout, check=check,
                           env={**os.environ, **(env or {})})
+
+
+def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Poll for a condition the daemon brings about in the background (GC has no completion API)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
 
 
 def wait_until_dead(pid: int, timeout: float, after: str) -> None:

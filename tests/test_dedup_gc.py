@@ -6,12 +6,11 @@ import hashlib
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import drop_cache
+from tests.conftest import drop_cache, wait_until
 
 MIB = 1 << 20
 SMALL_CHUNK = 64 << 10
@@ -72,14 +71,6 @@ def sha256_file(path) -> str:
         while block := f.read(8 * MIB):
             digest.update(block)
     return digest.hexdigest()
-
-
-def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
-    """Poll for a condition the daemon brings about in the background (GC has no completion API)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
 
 
 def gc_options(backend: str) -> tuple[str, ...]:

@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import blake3
 import numpy as np
@@ -23,7 +22,7 @@ import pytest
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.codec import CpuEngine
 from nvfs.store import FetchPool, SharedSlots, Store
-from tests.conftest import MIB, checkpoint_like, fetch_children, wait_until_dead
+from tests.conftest import MIB, checkpoint_like, fetch_children, wait_until, wait_until_dead
 
 CPU = ("engine=cpu",)  # write processes code with the CPU engine only
 
@@ -94,10 +93,8 @@ def test_content_collected_and_written_again_is_stored_again(mount_factory):
     chunks = mount.source / "chunks"
     (mount.path / "a.bin").write_bytes(data)
     (mount.path / "a.bin").unlink()
-    deadline = time.monotonic() + 60
-    while any(path.is_file() for path in chunks.rglob("*")):
-        assert time.monotonic() < deadline, "the unlinked file's chunks were not collected"
-        time.sleep(0.01)  # collection has no completion API: poll the store
+    wait_until(lambda: not any(path.is_file() for path in chunks.rglob("*")),
+               "the unlinked file's chunks are collected")
     (mount.path / "b.bin").write_bytes(data)
     mount.remount()
     assert (mount.path / "b.bin").read_bytes() == data
