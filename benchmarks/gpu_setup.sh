@@ -9,7 +9,9 @@
 #   bash benchmarks/gpu_setup.sh s3kit      # here, after download: fills .gpu/s3/ (.gpu: about 62 MiB)
 #   bash benchmarks/gpu_setup.sh s3install  # there, carrying .gpu only; same exports as above
 # With nvCOMP installed, mounts there take the GPU engine (engine=auto): for the CPU engine's
-# numbers pass `--mount-options engine=cpu` to s3_read.py.
+# numbers pass `--mount-options engine=cpu` to s3_read.py. Without .gpu/s3/nvcomp.tar.xz the kit
+# installs for the CPU engine only, leaving room in the carry for other wheels put in .gpu/s3/whl
+# (py-spy, 3 MB, was carried so).
 #
 # What travels: wheels for nvCOMP (cu13), zstandard, blake3, isal and trio (the machine's python3
 # already has torch, cupy, numpy, safetensors, pytest and hypothesis); libfuse3's shared library,
@@ -28,9 +30,10 @@ download() {
         nvidia-nvcomp-cu13==6.0.0.12 nvidia-libnvcomp-cu13==6.0.0.12 zstandard blake3 isal trio outcome sniffio \
         sortedcontainers attrs idna
     # pyfuse3's sdist, less its docs and tests (1.2 -> 0.3 MB): the build needs src/ and Include/
+    # (--no-binary pyfuse3, not :all:, which also built its build dependencies from source: > 8 min)
     local tmp
     tmp=$(mktemp -d)
-    python3 -m pip download -q --no-deps --no-binary :all: -d "$tmp" pyfuse3==3.5.0
+    python3 -m pip download -q --no-deps --no-binary pyfuse3 -d "$tmp" pyfuse3==3.5.0
     tar xzf "$tmp"/pyfuse3-3.5.0.tar.gz -C "$tmp"
     tar czf "$REPO/.gpu/pyfuse3-3.5.0.tar.gz" -C "$tmp" pyfuse3-3.5.0/src pyfuse3-3.5.0/Include
     rm -rf "$tmp"
@@ -79,11 +82,17 @@ s3install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
         "$REPO"/.gpu/s3/whl/*.whl
     tar xJf "$REPO/.gpu/s3/botocore.tar.xz" -C "$SITE"
-    tar xJf "$REPO/.gpu/s3/nvcomp.tar.xz" -C "$SITE"
+    # A kit without nvCOMP (room in the carry for other tools) gives CPU-engine mounts only.
+    local nvcomp=""
+    if [ -f "$REPO/.gpu/s3/nvcomp.tar.xz" ]; then
+        tar xJf "$REPO/.gpu/s3/nvcomp.tar.xz" -C "$SITE"
+        nvcomp="from nvidia import nvcomp; print('nvcomp', nvcomp.__version__)"
+    fi
     mkdir -p /tmp/bin && xz -dc "$REPO/.gpu/s3/weed.xz" > /tmp/bin/weed && chmod +x /tmp/bin/weed
     build_c_extensions
-    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, boto3, torch; from nvidia import nvcomp
-print('s3 setup: boto3', boto3.__version__, 'torch', torch.__version__, 'pyfuse3', pyfuse3.__version__, 'nvcomp', nvcomp.__version__)"
+    PYTHONPATH=$SITE:$REPO LD_LIBRARY_PATH=$REPO/.gpu/fuse/lib python3 -c "import pyfuse3, trio, boto3, torch
+print('s3 setup: boto3', boto3.__version__, 'torch', torch.__version__, 'pyfuse3', pyfuse3.__version__)
+$nvcomp"
 }
 
 build_c_extensions() {

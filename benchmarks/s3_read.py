@@ -52,10 +52,16 @@ Everything runs against one local SeaweedFS S3 server that this script starts
    time, the child's while it decodes, the daemon's once cached); the bound is
    ``cache_size + max_inflight + 256 MiB`` of the options the mounts use.
 
+``--compare OPTIONS`` (repeatable) replaces part 1 with a comparison of mount options: the
+checkpoint is saved as above, then each round runs a cold ``cat`` with the mount options and
+with each variant's extra options, in turn, each followed by a cold ``get_object``; a row per
+variant gives its median and the ratios to the ``get_object`` right after each cat.
+
 Run as root (FUSE, drop_caches)::
 
     python3 benchmarks/s3_read.py --quick      # smoke run, small sizes
     python3 benchmarks/s3_read.py              # 2 GiB checkpoint, 1 GiB safetensors, 8 GiB RSS run
+    python3 benchmarks/s3_read.py --parts 1 --compare readahead=128M,threads=32   # options side by side
 """
 
 from __future__ import annotations
@@ -190,9 +196,10 @@ class CpuMeter:
                 f"{cpu_seconds(self.server.pid) - self.weed:.1f} s")
 
 
-def cold_cat(mount: NvfsMount, path: Path, server: SeaweedServer) -> tuple[float, str]:
-    """``cat`` on a fresh mount, page cache dropped: (seconds, CPU and memory); it stays mounted."""
-    pid = mount.mount()
+def cold_cat(mount: NvfsMount, path: Path, server: SeaweedServer, extra: str = "") -> tuple[float, str]:
+    """``cat`` on a fresh mount (with ``extra`` options), page cache dropped: (seconds, CPU and
+    memory); it stays mounted."""
+    pid = mount.mount(extra)
     drop_caches()
     meter = CpuMeter(pid, server)
     seconds = timed_cat(path)
@@ -380,8 +387,22 @@ def plain_client(server: SeaweedServer) -> Any:
                         config=Config(s3={"addressing_style": "path"}))
 
 
-def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
-          options: str) -> None:
+@dataclass
+class SavedCheckpoint:
+    """Part 1's checkpoint: the state, saved as a plain object and through an nvfs mount."""
+
+    state: dict[str, Any]
+    size: int
+    digest: str
+    stored: int
+    client: Any
+    mount: NvfsMount
+    path: Path
+
+
+def save_checkpoint(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
+                    options: str) -> SavedCheckpoint:
+    """Build the state, upload its torch.save bytes as one object, save it through nvfs, unmount."""
     started = time.perf_counter()
     shape = fit_shape(args.size_mib * MIB)
     state = build_state(shape, args.seed, args.adam_steps)
@@ -406,22 +427,61 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
                     detail="default TransferConfig (multipart)"))
 
     mount = NvfsMount(server, f"s3://{BUCKET_NVFS}/ckpt", work / "mnt-ckpt", work / "nvfs-ckpt.log", options)
+    mount.mount()
+    path = mount.mountpoint / "ckpt.pt"
+    start = time.perf_counter()
+    torch.save(state, path)  # close() commits: durable in S3 when it returns
+    save_s = time.perf_counter() - start
+    if path.stat().st_size != size:
+        raise AssertionError(f"torch.save wrote {path.stat().st_size} bytes through nvfs, {size} locally")
+    stored = int(os.getxattr(path, XATTR + "stored_size"))
+    committed = os.getxattr(path, XATTR + "committed").decode()
+    umount_s = mount.umount()
+    results.add(Row("1", "setup: nvfs torch.save through the mount", save_s, size,
+                    detail=f"stored {human(stored)}, ratio {size / stored:.3f}x, committed at close: "
+                           f"{committed}, umount {umount_s:.2f} s"))
+    return SavedCheckpoint(state, size, digest, stored, client, mount, path)
+
+
+def compare_options(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
+                    options: str) -> None:
+    """Cold ``cat`` with the mount options and with each ``--compare`` variant, in turn, rounds.
+
+    Each cat is followed by a ``get_object``, and the variants rotate, so that every variant
+    sees the same drift of a shared host; rows give each variant's median and its median
+    ratio to the ``get_object`` right after it.
+    """
+    saved = save_checkpoint(args, server, work, results, options)
+    variants = ["", *args.compare]
+    cats: dict[str, list[tuple[float, str]]] = {variant: [] for variant in variants}
+    ratios: dict[str, list[float]] = {variant: [] for variant in variants}
+    try:
+        for _ in range(args.trials):
+            for variant in variants:
+                seconds, detail = cold_cat(saved.mount, saved.path, server, variant)
+                saved.mount.umount()
+                get_s, _ = cold_get_object(saved.client, server, saved.size)
+                cats[variant].append((seconds, detail))
+                ratios[variant].append(get_s / seconds)
+                print(f"    -o {variant or '(the mount options)'}: cat {seconds:.2f} s, "
+                      f"get_object {get_s:.2f} s, {get_s / seconds:.2f}x", flush=True)
+    finally:
+        saved.mount.close()
+    for variant in variants:
+        cat_s, cat_detail = median_trial(cats[variant])
+        row = results.add(Row("1a", f"cat, -o {variant or '(the mount options)'}", cat_s, saved.size,
+                              detail=f"{trials_note(cats[variant])}; {cat_detail}; x get_object right after: "
+                                     f"{', '.join(f'{r:.2f}' for r in ratios[variant])}"))
+        row.vs_plain = sorted(ratios[variant])[(len(ratios[variant]) - 1) // 2]
+
+
+def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
+          options: str) -> None:
+    saved = save_checkpoint(args, server, work, results, options)
+    state, size, digest, stored, client, mount, path = (saved.state, saved.size, saved.digest, saved.stored,
+                                                        saved.client, saved.mount, saved.path)
     get_trials: list[tuple[float, str]] = []
     try:
-        mount.mount()
-        path = mount.mountpoint / "ckpt.pt"
-        start = time.perf_counter()
-        torch.save(state, path)  # close() commits: durable in S3 when it returns
-        save_s = time.perf_counter() - start
-        if path.stat().st_size != size:
-            raise AssertionError(f"torch.save wrote {path.stat().st_size} bytes through nvfs, {size} locally")
-        stored = int(os.getxattr(path, XATTR + "stored_size"))
-        committed = os.getxattr(path, XATTR + "committed").decode()
-        umount_s = mount.umount()
-        results.add(Row("1", "setup: nvfs torch.save through the mount", save_s, size,
-                        detail=f"stored {human(stored)}, ratio {size / stored:.3f}x, committed at close: "
-                               f"{committed}, umount {umount_s:.2f} s"))
-
         # (a) cat, cold, alternating with (c)'s get_object: the host's speed drifts between runs.
         cat_trials: list[tuple[float, str]] = []
         for trial in range(args.trials):
@@ -461,7 +521,7 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
                         detail=f"{meter.note()}; chunks from -o cache_dir, page cache dropped"))
     finally:
         mount.close()
-    del state
+    del state, saved
     gc.collect()
 
     # (c) plain boto3, cold: get_object timed in (a)'s trials.
@@ -901,6 +961,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=3,
                         help="cold cats of part 1, each followed by a cold get_object; medians count "
                              "(default 3)")
+    parser.add_argument("--compare", action="append", default=[], metavar="OPTIONS",
+                        help="instead of the parts: cold cats with the mount options and with these "
+                             "extra -o options (repeatable), in turn, --trials rounds")
     args = parser.parse_args(argv)
     if not set(args.parts) <= set("123"):
         parser.error("--parts takes digits among 1, 2 and 3")
@@ -940,7 +1003,9 @@ def main(argv: list[str] | None = None) -> int:
         server.create_bucket(BUCKET_NVFS)
         server.create_bucket(BUCKET_PLAIN)
         print(f"SeaweedFS up in {server.start_seconds:.1f} s at {server.endpoint_url}", flush=True)
-        if "1" in args.parts:
+        if args.compare:
+            compare_options(args, server, work, results, args.mount_options)
+        elif "1" in args.parts:
             part1(args, server, work, results, args.mount_options)
         if "2" in args.parts:
             part2(args, server, work, results, args.mount_options)
