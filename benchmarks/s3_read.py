@@ -445,11 +445,11 @@ def save_checkpoint(args: argparse.Namespace, server: SeaweedServer, work: Path,
 
 def compare_options(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
                     options: str) -> None:
-    """Cold ``cat`` with the mount options and with each ``--compare`` variant, in turn, rounds.
+    """Cold ``cat`` with the mount options and with each ``--compare`` variant, ``--trials`` rounds.
 
-    Each cat is followed by a ``get_object``, and the variants rotate, so that every variant
-    sees the same drift of a shared host; rows give each variant's median and its median
-    ratio to the ``get_object`` right after it.
+    Each round runs every variant once and each cat is followed by a ``get_object``, so that
+    every variant sees the same drift of a shared host; a variant's row gives its median
+    cat and, as "x plain", its median ratio to the ``get_object`` right after each cat.
     """
     saved = save_checkpoint(args, server, work, results, options)
     variants = ["", *args.compare]
