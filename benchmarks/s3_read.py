@@ -196,9 +196,14 @@ class CpuMeter:
                 f"{cpu_seconds(self.server.pid) - self.weed:.1f} s")
 
 
-def cold_cat(mount: NvfsMount, path: Path, server: SeaweedServer, extra: str = "") -> tuple[float, str]:
-    """``cat`` on a fresh mount (with ``extra`` options), page cache dropped: (seconds, CPU and
-    memory); it stays mounted."""
+Trial = tuple[float, str]  # seconds, and what else was measured meanwhile
+
+
+def cold_cat(mount: NvfsMount, path: Path, server: SeaweedServer, extra: str = "") -> Trial:
+    """``cat`` on a fresh mount with ``extra`` options, page cache dropped: (seconds, CPU and memory).
+
+    It stays mounted.
+    """
     pid = mount.mount(extra)
     drop_caches()
     meter = CpuMeter(pid, server)
@@ -206,7 +211,7 @@ def cold_cat(mount: NvfsMount, path: Path, server: SeaweedServer, extra: str = "
     return seconds, f"{meter.note()}, daemon VmHWM {human(tree_status(pid, 'VmHWM'))}"
 
 
-def cold_get_object(client: Any, server: SeaweedServer, size: int) -> tuple[float, str]:
+def cold_get_object(client: Any, server: SeaweedServer, size: int) -> Trial:
     """The plain object streamed by one ``get_object``, page cache dropped: (seconds, weed CPU)."""
     drop_caches()
     weed0 = cpu_seconds(server.pid)
@@ -219,12 +224,12 @@ def cold_get_object(client: Any, server: SeaweedServer, size: int) -> tuple[floa
     return seconds, f"weed CPU {cpu_seconds(server.pid) - weed0:.1f} s"
 
 
-def median_trial(trials: list[tuple[float, str]]) -> tuple[float, str]:
+def median_trial(trials: list[Trial]) -> Trial:
     """The trial of median time (the lower middle one of an even count) and its detail."""
     return sorted(trials)[(len(trials) - 1) // 2]
 
 
-def trials_note(trials: list[tuple[float, str]]) -> str:
+def trials_note(trials: list[Trial]) -> str:
     """How a median row was made, with every trial's seconds in the order they ran."""
     if len(trials) == 1:
         return "1 trial"
@@ -443,36 +448,44 @@ def save_checkpoint(args: argparse.Namespace, server: SeaweedServer, work: Path,
     return SavedCheckpoint(state, size, digest, stored, client, mount, path)
 
 
-def compare_options(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
-                    options: str) -> None:
-    """Cold ``cat`` with the mount options and with each ``--compare`` variant, ``--trials`` rounds.
+def cold_rounds(saved: SavedCheckpoint, server: SeaweedServer, variants: list[str],
+                rounds: int) -> dict[str, list[tuple[Trial, Trial]]]:
+    """Per variant (extra mount options), ``rounds`` pairs of a cold ``cat`` and the ``get_object`` after it.
 
-    Each round runs every variant once and each cat is followed by a ``get_object``, so that
-    every variant sees the same drift of a shared host; a variant's row gives its median
-    cat and, as "x plain", its median ratio to the ``get_object`` right after each cat.
+    Each round runs every variant once, in the same order, so that every variant sees the same
+    drift of a shared host, and the plain download right after each cat sees it too.
     """
-    saved = save_checkpoint(args, server, work, results, options)
-    variants = ["", *args.compare]
-    cats: dict[str, list[tuple[float, str]]] = {variant: [] for variant in variants}
-    ratios: dict[str, list[float]] = {variant: [] for variant in variants}
+    pairs: dict[str, list[tuple[Trial, Trial]]] = {variant: [] for variant in variants}
     try:
-        for _ in range(args.trials):
+        for _ in range(rounds):
             for variant in variants:
-                seconds, detail = cold_cat(saved.mount, saved.path, server, variant)
+                cat = cold_cat(saved.mount, saved.path, server, variant)
                 saved.mount.umount()
-                get_s, _ = cold_get_object(saved.client, server, saved.size)
-                cats[variant].append((seconds, detail))
-                ratios[variant].append(get_s / seconds)
-                print(f"    -o {variant or '(the mount options)'}: cat {seconds:.2f} s, "
-                      f"get_object {get_s:.2f} s, {get_s / seconds:.2f}x", flush=True)
+                get = cold_get_object(saved.client, server, saved.size)
+                pairs[variant].append((cat, get))
+                print(f"    -o {variant or '(the mount options)'}: cat {cat[0]:.2f} s, "
+                      f"get_object {get[0]:.2f} s, {get[0] / cat[0]:.2f}x", flush=True)
     finally:
         saved.mount.close()
-    for variant in variants:
-        cat_s, cat_detail = median_trial(cats[variant])
+    return pairs
+
+
+def compare_options(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
+                    options: str) -> None:
+    """Cold ``cat`` with the mount options and with each ``--compare`` variant (:func:`cold_rounds`).
+
+    A variant's row gives its median cat and, as "x plain", its median ratio to the
+    ``get_object`` right after each cat.
+    """
+    saved = save_checkpoint(args, server, work, results, options)
+    for variant, pairs in cold_rounds(saved, server, ["", *args.compare], args.trials).items():
+        cats = [cat for cat, _ in pairs]
+        ratios = [get[0] / cat[0] for cat, get in pairs]
+        cat_s, cat_detail = median_trial(cats)
         row = results.add(Row("1a", f"cat, -o {variant or '(the mount options)'}", cat_s, saved.size,
-                              detail=f"{trials_note(cats[variant])}; {cat_detail}; x get_object right after: "
-                                     f"{', '.join(f'{r:.2f}' for r in ratios[variant])}"))
-        row.vs_plain = sorted(ratios[variant])[(len(ratios[variant]) - 1) // 2]
+                              detail=f"{trials_note(cats)}; {cat_detail}; x get_object right after: "
+                                     f"{', '.join(f'{r:.2f}' for r in ratios)}"))
+        row.vs_plain = sorted(ratios)[(len(ratios) - 1) // 2]
 
 
 def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: Results,
@@ -480,19 +493,14 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
     saved = save_checkpoint(args, server, work, results, options)
     state, size, digest, stored, client, mount, path = (saved.state, saved.size, saved.digest, saved.stored,
                                                         saved.client, saved.mount, saved.path)
-    get_trials: list[tuple[float, str]] = []
+    # (a) cat, cold, alternating with (c)'s get_object: the host's speed drifts between runs.
+    pairs = cold_rounds(saved, server, [""], args.trials)[""]
+    cat_trials = [cat for cat, _ in pairs]
+    get_trials = [get for _, get in pairs]
     try:
-        # (a) cat, cold, alternating with (c)'s get_object: the host's speed drifts between runs.
-        cat_trials: list[tuple[float, str]] = []
-        for trial in range(args.trials):
-            cat_trials.append(cold_cat(mount, path, server))
-            get_trials.append(cold_get_object(client, server, size))
-            if trial == 0 and sha256_file(path) != digest:  # untimed: the mount returns torch.save's bytes
-                raise AssertionError("the file read through nvfs differs from the uploaded torch.save bytes")
-            mount.umount()
         cat_s, cat_detail = median_trial(cat_trials)
         cat = results.add(Row("1a", "nvfs cold: cat FILE > /dev/null", cat_s, size,
-                              detail=f"{trials_note(cat_trials)}; {cat_detail}; sha256 matches"))
+                              detail=f"{trials_note(cat_trials)}; {cat_detail}"))
 
         # (b) torch.load, cold.
         pid = mount.mount()
@@ -500,12 +508,14 @@ def part1(args: argparse.Namespace, server: SeaweedServer, work: Path, results: 
         meter = CpuMeter(pid, server)
         load_s = timed_torch_load(path)
         load_detail = meter.note()
-        loaded = torch.load(path, map_location="cpu", weights_only=True)  # untimed check
+        loaded = torch.load(path, map_location="cpu", weights_only=True)  # untimed checks
         verify(state, loaded)
         del loaded
         gc.collect()
+        if sha256_file(path) != digest:  # (a)'s cats read what torch.save wrote
+            raise AssertionError("the file read through nvfs differs from the uploaded torch.save bytes")
         load = results.add(Row("1b", "nvfs cold: torch.load(FILE), new process", load_s, size,
-                               detail=load_detail + "; all tensors bit-exact"))
+                               detail=load_detail + "; all tensors bit-exact, the file's sha256 matches"))
 
         # (d) cat with every chunk in a local disk cache: the daemon's read path without
         # SeaweedFS sharing the CPUs (how fast nvfs reads when the store is not the limit).
@@ -962,8 +972,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="cold cats of part 1, each followed by a cold get_object; medians count "
                              "(default 3)")
     parser.add_argument("--compare", action="append", default=[], metavar="OPTIONS",
-                        help="instead of the parts: cold cats with the mount options and with these "
-                             "extra -o options (repeatable), in turn, --trials rounds")
+                        help="instead of part 1's rows: cold cats with the mount options and with "
+                             "these extra -o options (repeatable), in turn, --trials rounds")
     args = parser.parse_args(argv)
     if not set(args.parts) <= set("123"):
         parser.error("--parts takes digits among 1, 2 and 3")
