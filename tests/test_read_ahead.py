@@ -11,7 +11,10 @@ order on purpose, so the requests of a batch finish in both orders.
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
+import weakref
 
 import pytest
 import trio
@@ -101,3 +104,44 @@ def test_a_run_from_the_start_of_the_file_reads_ahead_farther(tmp_path):
             nursery.cancel_scope.cancel()
 
     trio.run(scenario)
+
+
+def test_evicted_chunks_are_let_go_of_off_the_event_loop(tmp_path):
+    """The last reference to an evicted chunk dies in the dropper's thread, not the FUSE thread.
+
+    Fetch processes hand over chunks as memory maps, and letting go of one unmaps it. Here the
+    store's chunks are copied into anonymous maps to see in which thread each one goes.
+    """
+    released: list[str] = []
+
+    def mapped(get_chunk):
+        def get(ref):
+            data = get_chunk(ref)
+            chunk = mmap.mmap(-1, len(data))
+            chunk.write(data)
+            weakref.finalize(chunk, lambda: released.append(threading.current_thread().name))
+            return memoryview(chunk)
+        return get
+
+    async def scenario() -> None:
+        vfs = Vfs(Store.open(DirectoryBackend(str(tmp_path)), CpuEngine()), CONFIG)
+        async with trio.open_nursery() as nursery:
+            vfs.start(nursery)
+            data = os.urandom(SIZE)
+            await stored_file(vfs, data)
+            small = VfsConfig(chunk_size=CHUNK, cache_size=4 * CHUNK, readahead=2 * CHUNK, threads=4)
+            reader = Vfs(vfs.store, small)
+            reader.store.get_chunk = mapped(reader.store.get_chunk)
+            reader.start(nursery)
+            fh = await reader.open((await reader.lookup(ROOT_INO, "ckpt")).ino, os.O_RDONLY)
+            for offset in range(0, SIZE, REQUEST):
+                assert await reader.read(fh, offset, REQUEST) == data[offset : offset + REQUEST]
+            await reader.release(fh)
+            await reader.shutdown()  # the dropper has let go of everything handed to it
+            evicted.extend(released)  # not the chunks still cached: they go with the reader
+            nursery.cancel_scope.cancel()
+
+    evicted: list[str] = []
+    trio.run(scenario)
+    assert len(evicted) >= SIZE // CHUNK - 4, "evicted chunks are still held"
+    assert threading.main_thread().name not in evicted, "the FUSE thread unmapped evicted chunks"
