@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks (``save.py``, ``write.py``, ``s3_read.py``); no torch here."""
+"""Helpers shared by the benchmarks (save.py, write.py, s3_read.py, read_ceiling.py); no torch here."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ def human(size: float) -> str:
         if abs(size) >= scale:
             return f"{size / scale:.2f} {unit}"
     return f"{size:.0f} B"
+
+
+def drop_caches() -> None:
+    """Write back dirty pages and drop the page cache, dentries and inodes (needs root)."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        raise SystemExit(f"cannot drop the page cache ({exc}); run as root") from None
 
 
 def proc_status(pid: int, key: str) -> int | None:

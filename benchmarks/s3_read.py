@@ -103,6 +103,7 @@ from benchmarks.common import (  # noqa: E402
     NVFS,
     XATTR,
     cpu_seconds,
+    drop_caches,
     human,
     make_workdir,
     proc_status,
@@ -132,15 +133,6 @@ BUCKET_PLAIN = "plain"
 
 
 # ----- small helpers ----------------------------------------------------------------------------
-
-def drop_caches() -> None:
-    """Write back dirty pages and drop the page cache, dentries and inodes (needs root)."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as exc:
-        raise SystemExit(f"cannot drop the page cache ({exc}); run as root") from None
-
 
 _LOADER = ("import sys, time, torch; start = time.perf_counter(); "
            "torch.load(sys.argv[1], map_location='cpu', weights_only=True); "
