@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 NVFS = [sys.executable, "-m", "nvfs"]
@@ -29,6 +31,13 @@ def drop_caches() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as exc:
         raise SystemExit(f"cannot drop the page cache ({exc}); run as root") from None
+
+
+def timed_cat(path: Path) -> float:
+    """Seconds for ``cat FILE > /dev/null``."""
+    start = time.perf_counter()
+    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
 
 
 def proc_status(pid: int, key: str) -> int | None:

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import MIB, NVFS, drop_caches, human, make_workdir, raise_on_sigterm  # noqa: E402
+from benchmarks.common import MIB, drop_caches, human, make_workdir, raise_on_sigterm, timed_cat  # noqa: E402
 
 REPLY_SOURCE = 64 * MIB  # the null filesystem's file repeats this many bytes made at mount
 READY = "ready"
@@ -73,7 +73,7 @@ def serve_null(mountpoint: str, source: str, size: int, readahead_kib: int) -> i
     import pyfuse3
     import trio
 
-    from nvfs.daemon import mount_device
+    from nvfs.daemon import set_kernel_readahead
 
     replies = reply_source(source)
 
@@ -112,8 +112,7 @@ def serve_null(mountpoint: str, source: str, size: int, readahead_kib: int) -> i
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pyfuse3.main)
             await trio.to_thread.run_sync(os.stat, mountpoint)  # INIT is through
-            knob = Path(f"/sys/class/bdi/{mount_device(mountpoint)}/read_ahead_kb")
-            knob.write_text(str(readahead_kib))
+            set_kernel_readahead(mountpoint, readahead_kib << 10)
             print(READY, flush=True)
 
     try:
@@ -130,6 +129,7 @@ if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--serve-nul
 import torch  # noqa: E402
 
 from benchmarks.save import build_state, fit_shape, machine_info  # noqa: E402
+from benchmarks.write import NvfsMount  # noqa: E402
 
 # ----- measuring ----------------------------------------------------------------------------------
 
@@ -148,20 +148,20 @@ class Row:
         return self.size / self.median / 1e9
 
 
-def timed_cat(path: Path, drop: bool = True) -> float:
-    """Seconds for ``cat FILE > /dev/null``, the page cache dropped first unless ``drop`` is false."""
-    if drop:
-        drop_caches()
-    start = time.perf_counter()
-    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
+def cold_cat(path: Path) -> float:
+    """:func:`timed_cat` with the page cache dropped first."""
+    drop_caches()
+    return timed_cat(path)
 
 
 def read_files_below(directory: Path) -> None:
     """Read every file under ``directory`` into the page cache."""
+    buffer = bytearray(8 * MIB)
     for path in directory.rglob("*"):
         if path.is_file():
-            subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(buffer):
+                    pass
 
 
 def null_row(work: Path, name: str, source: str, size: int, readahead_kib: int, rounds: int) -> Row:
@@ -176,60 +176,40 @@ def null_row(work: Path, name: str, source: str, size: int, readahead_kib: int, 
         if server.stdout.readline().strip() != READY:
             raise RuntimeError(f"the null filesystem did not mount (exit {server.wait(10)})")
         for _ in range(rounds):
-            row.seconds.append(timed_cat(mountpoint / "data"))
+            row.seconds.append(cold_cat(mountpoint / "data"))
     finally:
         subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
         server.wait(30)
     return row
 
 
-class NvfsDirMount:
-    """An nvfs daemon on a directory store, mounted and unmounted on demand."""
-
-    def __init__(self, store: Path, mountpoint: Path, options: str) -> None:
-        self.store, self.mountpoint, self.options = store, mountpoint, options
-        store.mkdir()
-        mountpoint.mkdir()
-
-    def mount(self) -> None:
-        self._nvfs("mount", str(self.store), str(self.mountpoint), "-o", self.options)
-
-    def umount(self) -> None:
-        self._nvfs("umount", str(self.mountpoint))
-
-    @staticmethod
-    def _nvfs(*args: str) -> None:
-        result = subprocess.run([*NVFS, *args], capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:
-            raise RuntimeError(f"nvfs {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
-
-
 def nvfs_rows(work: Path, size_mib: int, seed: int, rounds: int) -> list[Row]:
     """Rows 2a and 2b: one file saved through nvfs, read from its memory cache and from the store."""
     cache = max(2 * size_mib, 1024)
-    nvfs = NvfsDirMount(work / "store", work / "mnt-nvfs",
-                        f"engine=cpu,cache_size={cache}M,log_file={work / 'nvfs.log'}")
+    store, mountpoint = work / "store", work / "mnt-nvfs"
+    store.mkdir()
+    mountpoint.mkdir()
+    nvfs = NvfsMount(str(store), mountpoint, work / "nvfs.log", f"engine=cpu,cache_size={cache}M")
     nvfs.mount()
-    path = nvfs.mountpoint / "ckpt.pt"
+    path = mountpoint / "ckpt.pt"
     try:
         started = time.perf_counter()
         torch.save(build_state(fit_shape(size_mib * MIB), seed, 3), path)
         size = path.stat().st_size
         print(f"saved {human(size)} through nvfs in {time.perf_counter() - started:.1f} s", flush=True)
         memory = Row("2a nvfs, every chunk in its memory cache", size)
-        timed_cat(path)  # fills the cache
+        cold_cat(path)  # fills the cache
         for _ in range(rounds):
-            memory.seconds.append(timed_cat(path))
+            memory.seconds.append(cold_cat(path))
         from_store = Row("2b nvfs, fresh mount, store files in the page cache", size)
         for _ in range(rounds):
             nvfs.umount()
             nvfs.mount()
             drop_caches()
-            read_files_below(nvfs.store)
-            from_store.seconds.append(timed_cat(path, drop=False))
+            read_files_below(store)
+            from_store.seconds.append(timed_cat(path))
     finally:
-        if os.path.ismount(nvfs.mountpoint):
-            nvfs.umount()
+        nvfs.close()
     return [memory, from_store]
 
 

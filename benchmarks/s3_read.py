@@ -109,6 +109,7 @@ from benchmarks.common import (  # noqa: E402
     proc_status,
     raise_on_sigterm,
     sha256_file,
+    timed_cat,
     tree_cpu_seconds,
     tree_status,
 )
@@ -167,13 +168,6 @@ def timed_plain_restore(server: SeaweedServer, bucket: str, key: str) -> float:
     result = subprocess.run([sys.executable, "-c", _PLAIN_RESTORE, bucket, key], check=True,
                             capture_output=True, text=True, env={**os.environ, **server.environ()})
     return float(result.stdout)
-
-
-def timed_cat(path: Path) -> float:
-    """Seconds for ``cat FILE > /dev/null``."""
-    start = time.perf_counter()
-    subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
 
 
 class CpuMeter:
