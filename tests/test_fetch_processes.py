@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from nvfs.backend.http_get import GetterSettings, SignedGet
+from nvfs.backend.http_get import GetterSettings, ObjectGet
 from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
 from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children, wait_until_dead
 
@@ -112,7 +112,7 @@ def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
     """A child that dies before serving anything is not restarted: every read would pay for it."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
     pool = FetchPool(processes=1, fetches=2)
-    request = SignedGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x", {})
+    request = ObjectGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x")
     try:
         with pytest.raises(FetchProcessFailed, match="did not start|before it was ready"):
             pool.fetch(request, "ab" * 32, MIB, "blake3")

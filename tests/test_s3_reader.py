@@ -3,17 +3,23 @@
 Mount-level behaviour (restores, damaged and missing chunks as EIO) is covered through the
 mounts in test_s3.py and the backend-parameterised tests; these check the reader's own
 promises: whole objects, a missing one reported as missing, a dead endpoint reported after
-bounded retries instead of a hang, and pooled connections replaced after the server restarts.
+bounded retries instead of a hang, pooled connections replaced after the server restarts, and
+requests that another process signs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import time
 
 import pytest
+from botocore.credentials import ReadOnlyCredentials
 
+from nvfs.backend import s3_reader
 from nvfs.backend.base import BackendError, ObjectNotFound
+from nvfs.backend.http_get import ObjectGetter
 from nvfs.backend.s3 import S3Backend
 from tests.seaweed import SeaweedServer
 
@@ -52,3 +58,26 @@ def test_dead_endpoint_fails_after_retries_then_recovers(reader_backend, own_ser
     assert time.monotonic() - started < 30
     own_server.start()
     assert reader_backend.get("chunks/cd/cdef", content_addressed=True) == data
+
+
+def test_a_request_is_signed_by_whoever_sends_it(reader_backend):
+    """A fetch process signs the GET the daemon made: the request travels pickled, unsigned."""
+    data = os.urandom(1 << 20)
+    reader_backend.put("chunks/ef/ef01", data, durable=True)
+    request = pickle.loads(pickle.dumps(reader_backend.chunk_request("chunks/ef/ef01")))
+    getter = ObjectGetter(request.settings)
+    try:
+        assert getter.get(request.key, request.path, request.headers()) == data
+        forged = dataclasses.replace(request, credentials=ReadOnlyCredentials("nobody", "wrong", None))
+        with pytest.raises(BackendError, match="HTTP 403"):
+            getter.get(forged.key, forged.path, forged.headers())  # the server checks signatures
+    finally:
+        getter.close()
+
+
+def test_requests_made_without_waiting_reuse_recent_credentials_only(reader_backend, monkeypatch):
+    """On the event loop a request must not look credentials up: a refresh can go to the network."""
+    assert reader_backend.chunk_request("chunks/ab/x", wait=False) is not None  # looked up at start
+    monkeypatch.setattr(s3_reader, "CREDENTIALS_REUSE", -1.0)  # as if a minute had passed
+    assert reader_backend.chunk_request("chunks/ab/x", wait=False) is None
+    assert reader_backend.chunk_request("chunks/ab/x") is not None  # a worker thread looks them up

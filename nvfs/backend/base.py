@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nvfs.backend.http_get import SignedGet
+    from nvfs.backend.http_get import ObjectGet
 
 Buffer = bytes | bytearray | memoryview
 
@@ -51,11 +51,12 @@ class Backend(ABC):
         copy, and transport checksums add nothing to it.
         """
 
-    def signed_get(self, key: str) -> SignedGet | None:
-        """A GET of the content-addressed object ``key`` that another process may send.
+    def chunk_request(self, key: str, *, wait: bool = True) -> ObjectGet | None:
+        """A GET of the content-addressed object ``key`` that another process may sign and send.
 
         ``None`` where the object is not fetched over HTTP by a lean reader (a directory,
-        a staged copy, an S3 store whose chunks go through boto3).
+        a staged copy, an S3 store whose chunks go through boto3), and, with ``wait=False``,
+        where making the request would block (credentials to refresh).
         """
         return None
 

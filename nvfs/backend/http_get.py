@@ -1,9 +1,9 @@
 """Whole-object HTTP GETs into one buffer: the transport under the S3 chunk reader.
 
-Kept apart from the signing (:mod:`nvfs.backend.s3_reader`) so that a fetch process
-(:mod:`nvfs.store.fetch_child`) can run GETs that the daemon signed without importing
-botocore. A body is read with ``readinto`` straight into an uninitialised buffer: the
-socket reads run without the GIL and nothing is copied. Failures are retried like boto3's
+Kept apart from the signing (:mod:`nvfs.backend.s3_reader`), which whoever sends a request
+does (:class:`ObjectGet`), here or in a fetch process. A body is read with ``readinto``
+straight into an uninitialised buffer: the socket reads run without the GIL and nothing is
+copied. Failures are retried like boto3's
 standard mode: throttling, 5xx and dropped connections, with jittered exponential backoff.
 """
 
@@ -45,13 +45,20 @@ class GetterSettings:
 
 
 @dataclass(frozen=True)
-class SignedGet:
-    """One signed GET of a whole object, ready for any getter made from ``settings``."""
+class ObjectGet:
+    """One GET of a whole object, for any getter made from ``settings``, in any process.
+
+    Whoever sends it asks for :meth:`headers` then: a subclass signs them there, so that the
+    process that made the request need not spend its time signing.
+    """
 
     settings: GetterSettings
     key: str  # the object's name, for messages
     path: str
-    headers: dict[str, str]
+
+    def headers(self) -> dict[str, str]:
+        """The request's headers, signed if it must be; none for an anonymous GET."""
+        return {}
 
 
 class ObjectGetter:

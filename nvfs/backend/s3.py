@@ -25,7 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from nvfs.backend.base import Backend, BackendError, ObjectNotFound
-from nvfs.backend.http_get import SignedGet
+from nvfs.backend.http_get import ObjectGet
 from nvfs.backend.s3_reader import ObjectReader
 
 log = logging.getLogger(__name__)
@@ -139,8 +139,8 @@ class S3Backend(Backend):
         with _failures("GET", key):
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key), **checks)["Body"].read()
 
-    def signed_get(self, key: str) -> SignedGet | None:
-        return self._reader.signed_get(self._key(key)) if self._reader is not None else None
+    def chunk_request(self, key: str, *, wait: bool = True) -> ObjectGet | None:
+        return self._reader.request(self._key(key), wait=wait) if self._reader is not None else None
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
         with _failures("PUT", key):

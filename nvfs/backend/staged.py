@@ -26,7 +26,7 @@ from pathlib import Path
 
 from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound
 from nvfs.backend.directory import DirectoryBackend
-from nvfs.backend.http_get import SignedGet
+from nvfs.backend.http_get import ObjectGet
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ class StagedBackend(Backend):
         except ObjectNotFound:
             return self.remote.get(key, content_addressed=content_addressed)
 
-    def signed_get(self, key: str) -> SignedGet | None:
-        return None if self.stage.exists(key) else self.remote.signed_get(key)
+    def chunk_request(self, key: str, *, wait: bool = True) -> ObjectGet | None:
+        return None if self.stage.exists(key) else self.remote.chunk_request(key, wait=wait)
 
     def exists(self, key: str) -> bool:
         return self.stage.exists(key) or self.remote.exists(key)

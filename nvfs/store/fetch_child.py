@@ -4,7 +4,8 @@ The arguments are inherited descriptors, one per lane: a SOCK_SEQPACKET socket o
 each request comes with a memfd: for a fetch, the one the decoded chunk goes into; for a
 write, the daemon's shared chunk buffers (:mod:`nvfs.store.slots`), which hold the chunk to
 store. Each lane is served by a thread; the process exits when every lane's socket is
-closed. It imports no boto3 or botocore: fetches come signed, writes go to a directory.
+closed. It signs each GET itself (:class:`nvfs.backend.s3_reader.SigV4Get`, with botocore's
+signer), so that the daemon's thread need not; writes go to a directory.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import threading
 
 import numpy as np
 
-from nvfs.backend import BackendError, ObjectNotFound
+from nvfs.backend import BackendError, ObjectNotFound, s3_reader  # noqa: F401  (see main)
 from nvfs.backend.directory import DirectoryBackend
-from nvfs.backend.http_get import GetterSettings, ObjectGetter, SignedGet
+from nvfs.backend.http_get import GetterSettings, ObjectGet, ObjectGetter
 from nvfs.codec import CpuEngine, ElementKind, Engine, Region
 from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
@@ -45,13 +46,13 @@ class _Getters:
             return getter
 
 
-def _decode_into(memfd: int, request: SignedGet, chunk_id: str, length: int, hash_name: str,
+def _decode_into(memfd: int, request: ObjectGet, chunk_id: str, length: int, hash_name: str,
                  engine: Engine, getters: _Getters) -> None:
     """Leave the chunk in ``memfd``, checked as :meth:`nvfs.store.Store.get_chunk` checks it.
 
     Chunks of float planes decode straight into it: no buffer of their own, no copy.
     """
-    blob = getters(request.settings).get(request.key, request.path, request.headers)
+    blob = getters(request.settings).get(request.key, request.path, request.headers())
     target = memoryview(mmap.mmap(memfd, length, flags=CHUNK_MAP_FLAGS))
     data = decode_chunk(blob, engine, chunk_id, chunk_hash(hash_name), length, out=target)
     if data is not target:
@@ -145,6 +146,11 @@ def _one_heap() -> None:
 
 
 def main(fds: list[int]) -> None:
+    """Serve ``fds``' lanes until they close.
+
+    The S3 signer (``s3_reader``, with botocore) is imported before the lanes say they are
+    ready: unpickling the first GET would import it otherwise, 70 ms into a restore.
+    """
     _one_heap()
     engine = CpuEngine()
     getters = _Getters()

@@ -4,18 +4,21 @@ Why: on 16 cores a cold restore from S3 was held back by the GIL, not by the cor
 worker threads decoding chunks and the FUSE thread replying to reads took turns holding
 it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, while the
 same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
-child process, with its own interpreter and GIL, GETs, decodes and verifies each chunk;
-the daemon signs the GET, waits without the GIL and maps the memory the child decoded it
-into. With two children (8 lanes each) that cat ran at 1.24-1.49 GB/s (plain
-``get_object``: 1.42-1.70) and the daemon's own CPU fell to about 2 s.
+child process, with its own interpreter and GIL, signs, GETs, decodes and verifies each
+chunk; the daemon's event loop sends the request (:meth:`FetchPool.begin_fetch`), waits for
+the answer as for any descriptor, and maps the memory the child decoded the chunk into.
+With two children (8 lanes each) that cat ran at 1.24-1.49 GB/s (plain ``get_object``:
+1.42-1.70) and the daemon's own CPU fell to about 2 s.
 
 A child serves several *lanes*. A lane is a socket pair (``SOCK_SEQPACKET``: one message
-per request or reply). A worker thread takes an idle lane and sends the signed GET with the
-chunk's id and length, and with it a new memfd of that length, in which the child leaves the
-decoded chunk; the reply is a status. The child checks the chunk exactly as the daemon would
-(:mod:`nvfs.store.fetch_child`). The daemon then maps the memfd and hands the mapping up as
-the chunk: no copy, and no buffer of the daemon's heap, which glibc would keep once freed.
-The chunk's memory goes back to the kernel when the last view of it is dropped.
+per request or reply). The event loop (:meth:`FetchPool.begin_fetch`), or a worker thread
+where no lane is ready (:meth:`FetchPool.fetch`), takes an idle lane and sends the unsigned
+GET with the chunk's id and length, and with it a new memfd of that length, in which the
+child leaves the decoded chunk; the reply is a status. The child checks the chunk exactly
+as the daemon would (:mod:`nvfs.store.fetch_child`). The daemon then maps the memfd and
+hands the mapping up as the chunk: no copy, and no buffer of the daemon's heap, which glibc
+would keep once freed. The chunk's memory goes back to the kernel when the last view of it
+is dropped.
 
 The same processes store chunks for a directory store (``-o write_procs``): with a lane's
 first request the daemon passes the memfd of its shared chunk buffers
@@ -46,7 +49,7 @@ import weakref
 from dataclasses import dataclass
 
 from nvfs.backend import BackendError, ObjectNotFound
-from nvfs.backend.http_get import BACKOFF_CAP, SignedGet
+from nvfs.backend.http_get import BACKOFF_CAP, ObjectGet
 from nvfs.codec import Region
 from nvfs.store.chunk import ChunkCorrupt
 
@@ -75,10 +78,16 @@ class ChunkTarget:
 
 @dataclass(frozen=True)
 class SentRequest:
-    """A request sent on a lane whose answer is still to be read (see :meth:`FetchPool.begin_store`)."""
+    """A request sent on a lane whose answer is still to be read (:meth:`FetchPool.begin_store`).
+
+    A fetch's (:meth:`FetchPool.begin_fetch`) also holds the memfd the chunk is left in.
+    """
 
     child: _Child
     lane: _Lane
+    timeout: float  # seconds to wait for the answer before taking the child for hung
+    memfd: int = -1
+    length: int = 0
 
     def fileno(self) -> int:
         """Readable once the answer is there."""
@@ -102,15 +111,10 @@ class _Lane:
         self._ready = False  # until the child's thread for this lane said so
         self._sent_buffers = False  # whether the child has the shared buffers' memfd from this lane
 
-    def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
-        settings = request.settings
-        # The child gives up well before this: each attempt is bounded by its own timeouts.
-        attempt = settings.connect_timeout + settings.read_timeout + BACKOFF_CAP
-        memfd = os.memfd_create("nvfs-chunk", os.MFD_CLOEXEC)
+    def fetch(self, request: ObjectGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
+        memfd = _chunk_memfd(length)
         try:
-            os.ftruncate(memfd, length)
-            self._call(pickle.dumps(("get", request, chunk_id, length, hash_name)), [memfd],
-                       settings.max_attempts * attempt + 60)
+            self._call(_fetch_message(request, chunk_id, length, hash_name), [memfd], _fetch_timeout(request))
             return self._maps.chunk_in(memfd, length)
         finally:
             os.close(memfd)
@@ -188,6 +192,28 @@ class _Lane:
     def close(self) -> None:
         self.socket.close()
         self.child_socket.close()
+
+
+def _chunk_memfd(length: int) -> int:
+    """A new memfd of ``length`` bytes for a child to leave a decoded chunk in."""
+    memfd = os.memfd_create("nvfs-chunk", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(memfd, length)
+    except OSError:
+        os.close(memfd)
+        raise
+    return memfd
+
+
+def _fetch_message(request: ObjectGet, chunk_id: str, length: int, hash_name: str) -> bytes:
+    return pickle.dumps(("get", request, chunk_id, length, hash_name))
+
+
+def _fetch_timeout(request: ObjectGet) -> float:
+    """Seconds to wait for a fetch; the child gives up well before: each attempt is bounded."""
+    settings = request.settings
+    attempt = settings.connect_timeout + settings.read_timeout + BACKOFF_CAP
+    return settings.max_attempts * attempt + 60
 
 
 class ChunkMaps:
@@ -291,7 +317,7 @@ class FetchPool:
         self._off = False
         self._closed = False
 
-    def fetch(self, request: SignedGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
+    def fetch(self, request: ObjectGet, chunk_id: str, length: int, hash_name: str) -> memoryview:
         """The verified, decoded chunk ``chunk_id`` (``length`` > 0 bytes) that ``request`` GETs.
 
         Raises :class:`ObjectNotFound`, :class:`BackendError` or :class:`ChunkCorrupt` as the
@@ -324,6 +350,37 @@ class FetchPool:
         readable, then calls :meth:`finish` (or :meth:`give_up` after ``store_timeout``).
         Raises :class:`FetchProcessFailed` where the child did not take the request.
         """
+        taken = self._take_ready()
+        if taken is None:
+            return None
+        child, lane = taken
+        self._send(child, lane, *lane.store_request(buffers_fd, offset, length, regions, target))
+        return SentRequest(child, lane, self.store_timeout)
+
+    def begin_fetch(self, request: ObjectGet, chunk_id: str, length: int, hash_name: str
+                    ) -> SentRequest | None:
+        """Send :meth:`fetch`'s request on an idle lane, waiting for nothing; ``None``: no lane is ready.
+
+        As :meth:`begin_store`; :meth:`finish_fetch` then takes the chunk.
+        """
+        taken = self._take_ready()
+        if taken is None:
+            return None
+        child, lane = taken
+        try:
+            memfd = _chunk_memfd(length)
+        except OSError as exc:
+            self._put_back(child, lane)
+            raise FetchProcessFailed(f"no memfd for the chunk: {exc}") from None
+        try:
+            self._send(child, lane, _fetch_message(request, chunk_id, length, hash_name), [memfd])
+        except FetchProcessFailed:
+            os.close(memfd)
+            raise
+        return SentRequest(child, lane, _fetch_timeout(request), memfd, length)
+
+    def _take_ready(self) -> tuple[_Child, _Lane] | None:
+        """An idle lane whose child is ready, taken without waiting; ``None``: there is none."""
         with self._cond:
             if not self.serving:
                 return None
@@ -331,14 +388,15 @@ class FetchPool:
             ready = [index for index, (_child, lane) in enumerate(self._idle) if lane.poll_ready()]
             if not ready:
                 return None
-            child, lane = self._idle.pop(ready[-1])
+            return self._idle.pop(ready[-1])
+
+    def _send(self, child: _Child, lane: _Lane, message: bytes, fds: list[int]) -> None:
         try:
-            lane.send(*lane.store_request(buffers_fd, offset, length, regions, target))
+            lane.send(message, fds)
         except FetchProcessFailed:
             self._lost(child, started=True)
             self._put_back(child, lane)
             raise
-        return SentRequest(child, lane)
 
     def finish(self, sent: SentRequest) -> tuple[str, int, str]:
         """The answer to a request :meth:`begin_store` sent, now readable; raises as :meth:`store`."""
@@ -350,10 +408,23 @@ class FetchPool:
         finally:
             self._put_back(sent.child, sent.lane)
 
+    def finish_fetch(self, sent: SentRequest) -> memoryview:
+        """The chunk a request :meth:`begin_fetch` sent asked for, its answer now readable.
+
+        Raises as :meth:`fetch`.
+        """
+        try:
+            self.finish(sent)
+            return self.maps.chunk_in(sent.memfd, sent.length)
+        finally:
+            os.close(sent.memfd)
+
     def give_up(self, sent: SentRequest) -> None:
-        """The child did not answer in time: stop it (the caller stores the chunk itself)."""
+        """The child did not answer in time: stop it (the caller fetches or stores the chunk itself)."""
         self._lost(sent.child, started=True)
         self._put_back(sent.child, sent.lane)
+        if sent.memfd >= 0:
+            os.close(sent.memfd)
 
     def _on_a_lane(self, request):
         child, lane = self._take()

@@ -212,13 +212,37 @@ class _SharedExclusiveLock:
                 self._cond.notify_all()
 
 
+@contextlib.contextmanager
+def _chunk_failures() -> Iterator[None]:
+    """Failures to get a chunk object, as the store reports them: a missing object is corrupt."""
+    try:
+        yield
+    except ObjectNotFound:
+        raise ChunkCorrupt("chunk object is missing") from None
+    except BackendError as exc:
+        raise ChunkUnreadable(str(exc)) from exc
+
+
+def _fetched_elsewhere(ref: ChunkRef) -> bool:
+    """Whether a fetch process may decode the chunk.
+
+    An empty chunk has nothing to decode, and a memfd of no bytes cannot be mapped; ANS
+    chunks only the GPU engine decodes.
+    """
+    return bool(ref.length) and cpu_decodes(ref.codec)
+
+
 @dataclass(frozen=True)
 class PendingPut:
     """A chunk handed to a write process by :meth:`Store.begin_put`, its answer not yet read."""
 
     sent: SentRequest
     length: int
-    timeout: float  # seconds to wait for the answer (the pool's store_timeout)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds to wait for the answer (the pool's ``store_timeout``)."""
+        return self.sent.timeout
 
     def fileno(self) -> int:
         return self.sent.fileno()
@@ -291,7 +315,7 @@ class Store:
         # engine decoding in the daemon, which also ran the GETs, and at 1.25-1.28 with them in
         # fetch processes. Not with a disk cache (objects are cached here).
         if fetch_pool is not None and (disk_cache is not None
-                                       or backend.signed_get(CHUNK_PREFIX + "probe") is None):
+                                       or backend.chunk_request(CHUNK_PREFIX + "probe") is None):
             fetch_pool = None
         store = cls(backend, engine, superblock, gc_grace, disk_cache, fetch_pool, write_pool,
                     write_buffers)  # refuses an unknown hash
@@ -427,7 +451,7 @@ class Store:
         if sent is None:
             self._gc_lock.release_shared()
             return None
-        return PendingPut(sent, len(data), self.write_pool.store_timeout)
+        return PendingPut(sent, len(data))
 
     def finish_put(self, pending: PendingPut, answered: bool) -> ChunkRef | None:
         """The chunk of :meth:`begin_put`, stored; ``None`` where its write process failed.
@@ -479,29 +503,21 @@ class Store:
                                 ref.id, exc)
                     self.disk_cache.discard(ref.id)
         key = self.chunk_key(ref.id)
-        try:
+        with _chunk_failures():
             if self.fetch_pool is not None:
                 data = self._fetch_elsewhere(key, ref)
                 if data is not None:
                     return data
             blob = self.backend.get(key, content_addressed=True)
-        except ObjectNotFound:
-            raise ChunkCorrupt("chunk object is missing") from None
-        except BackendError as exc:
-            raise ChunkUnreadable(str(exc)) from exc
         data = self._decode(blob, ref)
         if self.disk_cache is not None:
             self.disk_cache.put(ref.id, blob)
         return data
 
     def _fetch_elsewhere(self, key: str, ref: ChunkRef) -> memoryview | None:
-        """The chunk as a fetch process GETs, decodes and checks it; ``None``: read it here.
-
-        An empty chunk has nothing to decode, and a memfd of no bytes cannot be mapped; ANS
-        chunks only the GPU engine decodes.
-        """
+        """The chunk as a fetch process GETs, decodes and checks it; ``None``: read it here."""
         assert self.fetch_pool is not None
-        request = self.backend.signed_get(key) if ref.length and cpu_decodes(ref.codec) else None
+        request = self.backend.chunk_request(key) if _fetched_elsewhere(ref) else None
         if request is None:
             return None
         try:
@@ -509,6 +525,51 @@ class Store:
         except FetchProcessFailed as exc:
             log.warning("chunk %s: %s: reading it in the daemon", ref.id, exc)
             return None
+
+    def fetches_elsewhere(self) -> bool:
+        """Whether fetch processes take chunk GETs: not once their pool has turned itself off."""
+        return self.fetch_pool is not None and self.fetch_pool.serving
+
+    def begin_get(self, ref: ChunkRef) -> SentRequest | None:
+        """Ask a fetch process for a chunk without waiting for anything, if one can take it now.
+
+        For a caller on an event loop, which then waits for the result's descriptor to turn
+        readable and calls :meth:`finish_get`. No thread of the daemon is involved: a worker
+        thread per chunk took the GIL from the FUSE thread, and cost it 115-130 us to hand
+        over (2-core VM). ``None``: no process is ready, the chunk is not fetched that way, or
+        the credentials are due to be looked up; :meth:`get_chunk` then reads it.
+        """
+        if not (self.fetches_elsewhere() and _fetched_elsewhere(ref)):
+            return None
+        request = self.backend.chunk_request(self.chunk_key(ref.id), wait=False)
+        if request is None:
+            return None
+        assert self.fetch_pool is not None
+        try:
+            return self.fetch_pool.begin_fetch(request, ref.id, ref.length, self.hash_name)
+        except FetchProcessFailed as exc:
+            log.warning("chunk %s: %s: reading it in the daemon", ref.id, exc)
+            return None
+
+    def finish_get(self, sent: SentRequest, ref: ChunkRef, answered: bool) -> memoryview | None:
+        """The chunk :meth:`begin_get` asked for; ``None`` where its fetch process failed.
+
+        ``answered``: whether the descriptor turned readable in time (``sent.timeout``); if
+        not, the process is stopped. On ``None`` the caller reads the chunk with
+        :meth:`get_chunk`. Raises as :meth:`get_chunk` does.
+        """
+        assert self.fetch_pool is not None
+        if not answered:
+            self.fetch_pool.give_up(sent)
+            log.warning("chunk %s: its fetch process did not answer in %.0f s: reading it in the daemon",
+                        ref.id, sent.timeout)
+            return None
+        with _chunk_failures():
+            try:
+                return self.fetch_pool.finish_fetch(sent)
+            except FetchProcessFailed as exc:
+                log.warning("chunk %s: %s: reading it in the daemon", ref.id, exc)
+                return None
 
     def _decode(self, blob: bytes | memoryview, ref: ChunkRef) -> bytes | bytearray | memoryview:
         return decode_chunk(blob, self.engine, ref.id, self.digest_of, ref.length)

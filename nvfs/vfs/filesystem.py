@@ -813,7 +813,9 @@ class Vfs:
             await pending.wait()  # then look again: that fetch may have failed or been evicted
         done = self._fetching[ref.id] = trio.Event()
         try:
-            data = await self._run(self.store.get_chunk, ref)
+            data = await self._get_by_fetch_process(ref)
+            if data is None:
+                data = await self._run(self.store.get_chunk, ref)
             evicted = self._cache.put(ref.id, data)
             if evicted:
                 assert self._dropper is not None
@@ -823,6 +825,25 @@ class Vfs:
             if self._fetching.get(ref.id) is done:
                 del self._fetching[ref.id]
             done.set()
+
+    async def _get_by_fetch_process(self, ref) -> memoryview | None:
+        """The chunk from a fetch process while this task waits on the event loop; ``None``: not now.
+
+        A worker slot is held meanwhile, as a worker thread would hold one, so that as many
+        fetches run at once as before and a lane of the fetch processes is free whenever a
+        slot is.
+        """
+        if not self.store.fetches_elsewhere():
+            return None
+        async with self._workers:
+            sent = self.store.begin_get(ref)
+            if sent is None:
+                return None
+            with trio.CancelScope(shield=True):  # the memfd and the lane come back with the answer
+                with trio.move_on_after(sent.timeout):
+                    await trio.lowlevel.wait_readable(sent.fileno())
+                    return self.store.finish_get(sent, ref, answered=True)
+                return self.store.finish_get(sent, ref, answered=False)
 
     def _read_ahead(self, handle: Handle, content: FileContent, offset: int, end: int) -> None:
         """Fetch the chunks after a sequential reader's position before it asks for them.
