@@ -10,7 +10,7 @@ BytesIO, copying it holding the GIL).
 Here a request is signed with botocore's own SigV4 signer and the credentials of the
 boto3 session (so the standard chain, refreshes and session tokens work as in boto3), and
 sent by an :class:`~nvfs.backend.http_get.ObjectGetter`, here or in a fetch process. The
-sender signs (:class:`SigV4Get`): signing took 180-210 us of the GIL per chunk (2-core VM),
+sender signs (:class:`SigV4Get`): signing took 177-212 us of the GIL per chunk (2-core VM),
 time the daemon's FUSE thread would otherwise wait through.
 """
 
