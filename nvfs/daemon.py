@@ -13,6 +13,7 @@ import pyfuse3
 import trio
 
 from nvfs.fuse import Operations
+from nvfs.gil import hand_over_quickly
 from nvfs.heap import release_free_heap, tune_heap
 from nvfs.options import MountOptions
 from nvfs.store import Store
@@ -25,7 +26,6 @@ _MMAP_THRESHOLD = 64 << 20  # allocations below this come from the heap
 _HEAP_KEPT = 64 << 20  # free memory an arena keeps for reuse
 _ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
 _WRITES_STOPPED_AFTER = 1.0  # seconds without a chunk upload that end a burst of writes
-GIL_SWITCH_INTERVAL = 0.0002  # seconds; CPython's default is 0.005
 # Bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb), set once the kernel
 # has the INIT reply (see _finish_mount). On kernel 6.18 a 1 MiB window came as 1 MiB FUSE
 # requests, a 4 MiB one as 256 KiB requests (strace of the daemon). Cold cat of 2 GiB from a
@@ -113,12 +113,7 @@ def _log_thread_failure(args: threading.ExceptHookArgs) -> None:
 def serve(store: Store, source: str, mountpoint: str, options: MountOptions, ready: Ready) -> int:
     """Mount, report readiness, serve requests until unmounted or signalled; returns an exit code."""
     keep_chunk_buffers_in_heap()
-    # A thread that gives up the GIL for a moment (a read of /dev/fuse, a zstd or numpy call)
-    # waits up to the switch interval to get it back from a thread running Python. The FUSE
-    # thread and the workers do that thousands of times a second: at the default 5 ms a
-    # worker coding a chunk next to a busy Python thread took 206 ms instead of about 7
-    # (0.1 ms: 15 ms), and benchmarks/write.py's nvfs dir save took 4.86 s instead of 4.51 (3 runs each).
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
+    hand_over_quickly()
     store.backend.start_background()
     vfs = Vfs(store, options.vfs)
     fuse_options = set(pyfuse3.default_options) | {f"fsname={source}", "subtype=nvfs"} | options.fuse

@@ -23,6 +23,7 @@ from nvfs.backend import BackendError, ObjectNotFound, s3_reader  # noqa: F401  
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.http_get import GetterSettings, ObjectGet, ObjectGetter
 from nvfs.codec import CpuEngine, ElementKind, Engine, Region
+from nvfs.gil import hand_over_quickly
 from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
 from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY, ChunkTarget
@@ -152,6 +153,7 @@ def main(fds: list[int]) -> None:
     ready: unpickling the first GET would import it otherwise, 70 ms into a restore.
     """
     _one_heap()
+    hand_over_quickly()
     engine = CpuEngine()
     getters = _Getters()
     writer = _Writer()
