@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import pyfuse3
@@ -33,6 +34,9 @@ _WRITES_STOPPED_AFTER = 1.0  # seconds without a chunk upload that end a burst o
 # SeaweedFS: 1 MiB 0.52-0.56, 4 MiB 0.49-0.51. torch.load of that file varies more than the
 # window moves it (1 MiB 0.30-0.56, 4 MiB 0.40-0.52; 0.29-0.31 at the kernel's 128 KiB).
 KERNEL_READAHEAD = 1 << 20
+# Seconds the mount waits for its fetch and write processes to be ready (they import botocore
+# and the codecs) before it reports ready anyway; reads meanwhile wait for them in threads.
+PROCESSES_READY_WITHIN = 30.0
 
 
 def mount_device(mountpoint: str) -> str | None:
@@ -145,7 +149,7 @@ async def _serve_until_unmounted(vfs: Vfs, mountpoint: str, ready: Ready) -> Non
         vfs.start(nursery)
         nursery.start_soon(_release_memory_after_writes, vfs)
         nursery.start_soon(_terminate_on_signal)
-        nursery.start_soon(_finish_mount, mountpoint, ready)
+        nursery.start_soon(_finish_mount, vfs.store, mountpoint, ready)
         await pyfuse3.main()
         log.info("FUSE session ended; committing and draining")
         await vfs.shutdown()
@@ -172,13 +176,14 @@ async def _release_memory_after_writes(vfs: Vfs) -> None:
         await trio.to_thread.run_sync(vfs.store.release_idle_buffers)
 
 
-async def _finish_mount(mountpoint: str, ready: Ready) -> None:
-    """Once the kernel has the daemon's INIT reply, widen its read-ahead and report the mount ready.
+async def _finish_mount(store: Store, mountpoint: str, ready: Ready) -> None:
+    """Widen the kernel's read-ahead once it has the INIT reply; report ready once the processes are.
 
     The kernel sets a mount's read-ahead from the INIT reply, never above its 128 KiB default,
     so a wider window set before the reply is undone: it was, until this waited (read_ahead_kb
     read 128 after the daemon had written 1024). The stat of the mount's root returns only
-    once INIT is through; files opened after ``nvfs mount`` returns get the wide window.
+    once INIT is through; files opened after ``nvfs mount`` returns get the wide window. A
+    restore begun as soon as the mount returned found its fetch processes still importing.
     """
     try:
         await trio.to_thread.run_sync(os.stat, mountpoint)
@@ -187,7 +192,20 @@ async def _finish_mount(mountpoint: str, ready: Ready) -> None:
         pyfuse3.terminate()
         return
     set_kernel_readahead(mountpoint, KERNEL_READAHEAD)
+    await _wait_for_processes(store)
     ready(None)
+
+
+async def _wait_for_processes(store: Store) -> None:
+    count = sum(pool.processes for pool in store.process_pools())
+    if not count:
+        return
+    started = time.monotonic()
+    if await trio.to_thread.run_sync(store.wait_for_processes, PROCESSES_READY_WITHIN):
+        log.info("chunk processes ready after %.2f s (%d)", time.monotonic() - started, count)
+    else:
+        log.warning("chunk processes not all ready after %.2f s: mounted without them; "
+                    "reads and writes wait for them in threads", time.monotonic() - started)
 
 
 async def _terminate_on_signal() -> None:

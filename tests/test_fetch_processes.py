@@ -14,9 +14,11 @@ import mmap
 import os
 import signal
 import sys
+import time
 
 import pytest
 
+from nvfs.backend import BackendError
 from nvfs.backend.http_get import GetterSettings, ObjectGet
 from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
 from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children, wait_until_dead
@@ -42,6 +44,7 @@ def test_reads_through_fetch_processes_are_exact(stored):
         assert (mount.path / name).read_bytes() == data
     children = fetch_children(mount.daemon_pid())
     assert len(children) == 2, f"expected 2 fetch processes, found {children}"
+    assert "chunk processes ready after" in mount.log()  # before the mount returned
     assert "reading it in the daemon" not in mount.log()
     mount.umount()
     for pid in children:
@@ -89,7 +92,7 @@ def test_damaged_and_missing_chunks_are_eio_naming_file_and_chunk(stored):
 
 @pytest.mark.parametrize("first_read", [True, False], ids=["after-a-read", "at-once"])
 def test_killed_fetch_processes_are_replaced(stored, first_read):
-    """Killed while serving or while still starting (not ready yet), children come back."""
+    """Killed after serving or before their first request, children come back."""
     mount, files = stored
     if first_read:
         with open(mount.path / "a.bin", "rb") as f:
@@ -108,11 +111,44 @@ def test_killed_fetch_processes_are_replaced(stored, first_read):
     assert len(after) == 2 and not set(after) & set(before), f"children before {before}, after {after}"
 
 
+def _unreachable_get() -> ObjectGet:
+    return ObjectGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x")
+
+
+def test_a_ready_pool_takes_requests_from_the_event_loop_on_every_lane():
+    """Once wait_ready says so, begin_fetch finds every lane ready: none waits in a thread."""
+    pool = FetchPool(processes=2, fetches=4)
+    try:
+        pool.start()
+        assert pool.wait_ready(60)
+        sent = [pool.begin_fetch(_unreachable_get(), "ab" * 32, MIB, "blake3") for _ in range(4)]
+        assert all(request is not None for request in sent)
+        assert pool.begin_fetch(_unreachable_get(), "ab" * 32, MIB, "blake3") is None  # all busy
+        for request in sent:
+            with pytest.raises(BackendError):
+                pool.finish_fetch(request)
+    finally:
+        pool.close()
+
+
+def test_waiting_for_a_pool_whose_processes_exit_ends_at_once(monkeypatch):
+    """A child that exits before it is ready ends the wait: the mount is not held for the timeout."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    pool = FetchPool(processes=2, fetches=4)
+    try:
+        pool.start()
+        started = time.monotonic()
+        assert not pool.wait_ready(60)
+        assert time.monotonic() - started < 30
+    finally:
+        pool.close()
+
+
 def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
     """A child that dies before serving anything is not restarted: every read would pay for it."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
     pool = FetchPool(processes=1, fetches=2)
-    request = ObjectGet(GetterSettings("http://127.0.0.1:9", 1, 1, 1), "chunks/ab/x", "/b/chunks/ab/x")
+    request = _unreachable_get()
     try:
         with pytest.raises(FetchProcessFailed, match="did not start|before it was ready"):
             pool.fetch(request, "ab" * 32, MIB, "blake3")

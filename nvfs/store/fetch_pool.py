@@ -41,10 +41,12 @@ import mmap
 import os
 import pickle
 import resource
+import select
 import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -454,6 +456,35 @@ class FetchPool:
         """
         with self._cond:
             self._start_missing()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every child to say it is ready on each idle lane.
+
+        Why: :meth:`begin_fetch` passes over a lane that is not ready yet, and the chunk then
+        goes through a worker thread of the daemon, which waits for the child there and takes
+        the GIL from the FUSE thread; a restore begun as soon as the mount returned read its
+        first chunks that way. Returns whether all are ready: ``False`` after ``timeout``, or at
+        once where a child has exited before it was ready (the pool then deals with it on use).
+        """
+        deadline = time.monotonic() + timeout
+        woken: set[_Lane] = set()
+        while True:
+            with self._cond:
+                if not self.serving:
+                    return False
+                waiting = {lane.socket: lane for _child, lane in self._idle if not lane.poll_ready()}
+            if not waiting:
+                return True
+            if woken & set(waiting.values()):
+                return False  # it had something to read, and not READY: its child is gone
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                readable, _, _ = select.select(list(waiting), [], [], left)
+            except (OSError, ValueError):  # a lane closed meanwhile: its child was lost
+                return False
+            woken = {waiting[sock] for sock in readable}
 
     def _start_missing(self) -> None:
         while len(self._children) < self.processes and not (self._off or self._closed):

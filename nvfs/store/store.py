@@ -320,9 +320,8 @@ class Store:
         store = cls(backend, engine, superblock, gc_grace, disk_cache, fetch_pool, write_pool,
                     write_buffers)  # refuses an unknown hash
         backend.discard_incomplete()
-        for pool in (store.fetch_pool, store.write_pool):
-            if pool is not None:
-                pool.start()
+        for pool in store.process_pools():
+            pool.start()
         return store
 
     @staticmethod
@@ -718,8 +717,16 @@ class Store:
             log.info("garbage collection deleted %d unreferenced chunks", count)
         return count, freed
 
+    def process_pools(self) -> list[FetchPool]:
+        """The pools of fetch and write processes this store uses (none, one or both)."""
+        return [pool for pool in (self.fetch_pool, self.write_pool) if pool is not None]
+
+    def wait_for_processes(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds in all for the processes to be ready; whether they are."""
+        deadline = time.monotonic() + timeout
+        return all(pool.wait_ready(deadline - time.monotonic()) for pool in self.process_pools())
+
     def close(self) -> None:
-        for pool in (self.fetch_pool, self.write_pool):
-            if pool is not None:
-                pool.close()
+        for pool in self.process_pools():
+            pool.close()
         self.backend.close()
