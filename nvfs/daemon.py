@@ -197,6 +197,7 @@ async def _finish_mount(store: Store, mountpoint: str, ready: Ready) -> None:
 
 
 async def _wait_for_processes(store: Store) -> None:
+    """Wait (bounded) for the store's fetch and write processes; log how long they took."""
     count = sum(pool.processes for pool in store.process_pools())
     if not count:
         return
