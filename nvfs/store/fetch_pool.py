@@ -467,24 +467,23 @@ class FetchPool:
         once where a child has exited before it was ready (the pool then deals with it on use).
         """
         deadline = time.monotonic() + timeout
-        woken: set[_Lane] = set()
         while True:
             with self._cond:
                 if not self.serving:
                     return False
-                waiting = {lane.socket: lane for _child, lane in self._idle if not lane.poll_ready()}
+                waiting = [lane.socket for _child, lane in self._idle if not lane.poll_ready()]
             if not waiting:
                 return True
-            if woken & set(waiting.values()):
-                return False  # it had something to read, and not READY: its child is gone
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             try:
-                readable, _, _ = select.select(list(waiting), [], [], left)
+                readable, _, _ = select.select(waiting, [], [], left)
             except (OSError, ValueError):  # a lane closed meanwhile: its child was lost
                 return False
-            woken = {waiting[sock] for sock in readable}
+            with self._cond:
+                if any(lane.socket in readable and not lane.poll_ready() for _child, lane in self._idle):
+                    return False  # it had something to read, and not READY: its child is gone
 
     def _start_missing(self) -> None:
         while len(self._children) < self.processes and not (self._off or self._closed):
