@@ -4,12 +4,20 @@ The store speaks only in keys (``nvfs.json``, ``chunks/ab/<id>``, ``tree/<path>`
 backend maps them onto a local directory or onto the objects of an S3 bucket.
 """
 
-from nvfs.backend.base import Backend, BackendError, ObjectNotFound, StoreLocked
+from nvfs.backend.base import (
+    KEPT_ERRNOS,
+    Backend,
+    BackendError,
+    ErrnoCarrier,
+    ObjectNotFound,
+    StoreLocked,
+    failure_errno,
+)
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.staged import StagedBackend
 
-__all__ = ["Backend", "BackendError", "DirectoryBackend", "ObjectNotFound", "StagedBackend", "StoreLocked",
-           "open_backend"]
+__all__ = ["KEPT_ERRNOS", "Backend", "BackendError", "DirectoryBackend", "ErrnoCarrier", "ObjectNotFound",
+           "StagedBackend", "StoreLocked", "failure_errno", "open_backend"]
 
 
 def open_backend(source: str, options: dict[str, str] | None = None) -> Backend:

@@ -5,6 +5,12 @@ Key ``a/b/c`` is the file ``ROOT/a/b/c``. Atomic puts write a temporary file in
 directory. Large non-durable puts (chunks) bypass the page cache (O_DIRECT) where the
 filesystem allows it. :meth:`sync` is one ``syncfs(2)`` of the backing filesystem, which
 is far cheaper than an fsync per chunk.
+
+The store is private: objects are created 0600 and directories 0700, so that the contents
+of a file the daemon's users may not read do not lie readable in the backing directory
+(the umask can only take bits away from these). Keys come from the store itself and from
+names users choose: a key that is not a relative path of plain components is refused, and
+no symbolic link in the store is followed to an object.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import mmap
 import os
 import shutil
+import stat
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -34,7 +41,36 @@ _ALIGN = 4096  # O_DIRECT offsets, lengths and memory: a multiple of the device'
 _DIRECT_MIN = 1 << 20  # smaller objects go through the page cache
 _BUFFER_STEP = 1 << 20  # the aligned buffer for O_DIRECT writes grows in these steps
 _RENAME_ATTEMPTS = 10  # a directory pruned under a put each time (see _rename_into_place)
+OBJECT_MODE = 0o600
+DIRECTORY_MODE = 0o700
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def make_private_dirs(path: Path) -> None:
+    """Make ``path`` and its missing parents as :data:`DIRECTORY_MODE` directories.
+
+    ``Path.mkdir(parents=True)`` would make the parents with the default mode.
+    """
+    missing: list[Path] = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, DIRECTORY_MODE)
+
+
+def read_no_follow(path: Path | str) -> bytes:
+    """The whole file at ``path``, refusing a symbolic link there (ELOOP) rather than following it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        parts = []
+        while chunk := os.read(fd, max(size, 1 << 16)):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -87,18 +123,21 @@ class DirectoryBackend(Backend):
         return str(self.root)
 
     def _path(self, key: str) -> Path:
-        if not key or key.startswith("/") or any(part in ("", ".", "..") for part in key.split("/")):
-            raise BackendError(f"invalid key {key!r}")
+        """The file of ``key``, which must be a relative path of plain components (below the root)."""
+        if not key or "\0" in key or any(part in ("", ".", "..") for part in key.split("/")):
+            raise BackendError(f"{self.root}: refusing key {key!r:.300}: not a relative path of plain "
+                               f"components (an empty one, '.', '..', a leading '/' or a NUL)")
         return self.root / key
 
     def get(self, key: str, *, content_addressed: bool = False) -> bytes:
         try:
-            with open(self._path(key), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError) as exc:
+            return read_no_follow(self._path(key))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError) as exc:
             raise ObjectNotFound(key) from exc
-        except IsADirectoryError as exc:
-            raise ObjectNotFound(key) from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ObjectNotFound(f"{key} (a symbolic link, not an object)") from exc
+            raise
 
     def put(self, key: str, data: bytes, *, durable: bool) -> None:
         self.put_parts(key, (data,), durable=durable)
@@ -110,18 +149,18 @@ class DirectoryBackend(Backend):
         direct = not durable and self._direct and sum(len(view) for view in views) >= _DIRECT_MIN
         fd = self._create(tmp, direct)
         try:
-            if fd.direct:
-                self._write_direct(fd.fd, views)
-            else:
-                _write_parts(fd.fd, views)
-            if durable:
-                os.fsync(fd.fd)
-        finally:
-            os.close(fd.fd)
-        try:
+            try:
+                if fd.direct:
+                    self._write_direct(fd.fd, views)
+                else:
+                    _write_parts(fd.fd, views)
+                if durable:
+                    os.fsync(fd.fd)
+            finally:
+                os.close(fd.fd)
             self._rename_into_place(tmp, target)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)  # a full disk: its space is needed now, not at the next mount
             raise
         if durable:
             self._fsync_dir(target.parent)
@@ -141,8 +180,8 @@ class DirectoryBackend(Backend):
             except FileNotFoundError:
                 if not os.path.exists(tmp):
                     raise
-            with contextlib.suppress(FileExistsError, FileNotFoundError):
-                target.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                make_private_dirs(target.parent)
         os.replace(tmp, target)
 
     def _create(self, path: Path, direct: bool) -> _OpenFile:
@@ -150,20 +189,20 @@ class DirectoryBackend(Backend):
         try:
             return self._open_new(path, direct)
         except FileNotFoundError:
-            self._tmp.mkdir(exist_ok=True)  # made by the first put, and again if it was removed
+            make_private_dirs(self._tmp)  # made by the first put, and again if it was removed
             return self._open_new(path, direct)
 
     def _open_new(self, path: Path, direct: bool) -> _OpenFile:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         if direct:
             try:
-                return _OpenFile(os.open(path, flags | os.O_DIRECT, 0o644), direct=True)
+                return _OpenFile(os.open(path, flags | os.O_DIRECT, OBJECT_MODE), direct=True)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
                 self._direct = False  # tmpfs and some others refuse O_DIRECT
                 log.info("%s does not take direct I/O: chunks go through the page cache", self.root)
-        return _OpenFile(os.open(path, flags, 0o644), direct=False)
+        return _OpenFile(os.open(path, flags, OBJECT_MODE), direct=False)
 
     def _write_direct(self, fd: int, parts: Sequence[memoryview]) -> None:
         """Write whole blocks past the page cache, then the tail (less than a block) through it.
@@ -221,7 +260,10 @@ class DirectoryBackend(Backend):
             path = path.parent
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        try:
+            return stat.S_ISREG(os.lstat(self._path(key)).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
     def list_dir(self, prefix: str) -> tuple[dict[str, str], list[str]]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
@@ -237,6 +279,8 @@ class DirectoryBackend(Backend):
             if entry.is_dir(follow_symlinks=False):
                 prefixes.append(entry.name)
                 continue
+            if not entry.is_file(follow_symlinks=False):
+                continue  # a symbolic link or a special file is no object
             try:
                 info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
@@ -252,14 +296,17 @@ class DirectoryBackend(Backend):
             rel = Path(dirpath).relative_to(self.root).as_posix()
             for name in filenames:
                 try:
-                    modified = os.stat(os.path.join(dirpath, name)).st_mtime
+                    info = os.lstat(os.path.join(dirpath, name))
                 except FileNotFoundError:
                     continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue  # a symbolic link or a special file is no object
+                modified = info.st_mtime
                 yield (name if rel == "." else f"{rel}/{name}"), modified
 
     def rename(self, src: str, dst: str) -> None:
         source, target = self._path(src), self._path(dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(target.parent)
         try:
             os.replace(source, target)
         except FileNotFoundError as exc:
@@ -273,7 +320,7 @@ class DirectoryBackend(Backend):
         source, target = self._path(src.rstrip("/")), self._path(dst.rstrip("/"))
         if not source.exists():
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(target.parent)
         if target.exists():
             # The caller guarantees that no object lives under dst: only empty folders.
             shutil.rmtree(target)

@@ -13,6 +13,12 @@ progress; a finished write is renamed into place, so readers see a whole file or
 Least recently used objects go first once the cache holds more than ``limit`` bytes. A
 hit sets the file's mtime, which is the use clock, and eviction lists the directory
 itself, so several mounts sharing a directory keep one bound between them.
+
+Chunk ids come from manifests, which anyone who can write to the store can write: a path
+is built only from an id that is a chunk id, is checked to lie under the cache's root once
+resolved, and is opened without following a symbolic link, so that nothing outside the
+cache is read or deleted. The cache is private like a directory store: files 0600,
+directories 0700.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import threading
 import uuid
 from pathlib import Path
 
+from nvfs.backend.directory import OBJECT_MODE, make_private_dirs, read_no_follow
+from nvfs.store.manifest import is_chunk_id
+
 log = logging.getLogger(__name__)
 
 CACHE_MARKER = "nvfs-cache.json"
@@ -31,6 +40,7 @@ CACHE_FORMAT_VERSION = 1
 _CHUNKS = "chunks"
 _TMP = "tmp"
 _LOW_WATER = 0.9  # eviction frees down to this share of the limit, so it runs now and then
+_ID_RULE = "a chunk id (64 lowercase hex digits)"
 
 
 class DiskCacheError(Exception):
@@ -41,12 +51,13 @@ class ChunkFileCache:
     """Stored chunk objects under ``root``, at most ``limit`` bytes of them."""
 
     def __init__(self, root: str, limit: int) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self.limit = limit
         try:
             self._claim()
-            (self.root / _CHUNKS).mkdir(exist_ok=True)
-            (self.root / _TMP).mkdir(exist_ok=True)
+            for part in (_CHUNKS, _TMP):
+                make_private_dirs(self.root / part)
+                self._confined(self.root / part)
             self._remove_abandoned_writes()
         except OSError as exc:
             raise DiskCacheError(f"cache_dir {root}: {exc.strerror or exc}") from None
@@ -68,7 +79,9 @@ class ChunkFileCache:
         elif any(self.root.iterdir()):
             raise DiskCacheError(f"cache_dir {self.root} is not empty and is not an nvfs cache")
         else:
-            marker.write_text(json.dumps({"nvfs_cache": CACHE_FORMAT_VERSION}))
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, OBJECT_MODE)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"nvfs_cache": CACHE_FORMAT_VERSION}))
 
     def _remove_abandoned_writes(self) -> None:
         """Delete temporary files of processes that died mid-write (other mounts' are live)."""
@@ -78,15 +91,32 @@ class ChunkFileCache:
                 Path(entry.path).unlink(missing_ok=True)
 
     def _path(self, cid: str) -> Path:
+        """Where chunk ``cid`` is cached; :class:`DiskCacheError` for anything but a chunk id."""
+        if not is_chunk_id(cid):
+            raise DiskCacheError(f"refusing chunk id {cid!r:.300}: not {_ID_RULE}")
         return self.root / _CHUNKS / cid[:2] / cid[2:4] / cid
 
-    def get(self, cid: str) -> bytes | None:
-        """The cached object, marked as just used; ``None`` if it is not cached."""
+    def _confined(self, path: Path) -> Path:
+        """``path`` if, with symbolic links resolved, it lies under the root; else :class:`DiskCacheError`."""
+        if not Path(os.path.realpath(path)).is_relative_to(self.root):
+            raise DiskCacheError(f"cache_dir {self.root}: {path} leads outside it")
+        return path
+
+    def _existing_path(self, cid: str) -> Path:
+        """:meth:`_path`, its directory checked to lie under the root (files are opened without following)."""
         path = self._path(cid)
+        self._confined(path.parent)
+        return path
+
+    def get(self, cid: str) -> bytes | None:
+        """The cached object, marked as just used; ``None`` if it is not cached (or cannot be)."""
         try:
-            with open(path, "rb") as f:
-                blob = f.read()
-            os.utime(path)
+            path = self._existing_path(cid)
+            blob = read_no_follow(path)
+            os.utime(path, follow_symlinks=False)
+        except DiskCacheError as exc:
+            log.error("disk cache: %s", exc)
+            return None
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -96,16 +126,17 @@ class ChunkFileCache:
 
     def put(self, cid: str, blob: bytes | memoryview) -> None:
         """Keep a verified object; a failure (a full disk) only means it is not cached."""
-        path = self._path(cid)
-        if path.exists():
-            return
         tmp = self.root / _TMP / f"{os.getpid()}-{uuid.uuid4().hex}"
         try:
-            with open(tmp, "wb") as f:
+            path = self._path(cid)
+            if os.path.lexists(path):
+                return
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, OBJECT_MODE)
+            with os.fdopen(fd, "wb") as f:
                 f.write(blob)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, path)
-        except OSError as exc:
+            make_private_dirs(path.parent)
+            os.replace(tmp, self._existing_path(cid))
+        except (OSError, DiskCacheError) as exc:
             tmp.unlink(missing_ok=True)
             log.warning("disk cache: cannot store chunk %s: %s", cid, exc)
             return
@@ -115,8 +146,11 @@ class ChunkFileCache:
                 self._evict()
 
     def discard(self, cid: str) -> None:
-        """Remove a copy that failed verification."""
-        self._path(cid).unlink(missing_ok=True)
+        """Remove a copy that failed verification (unlink removes a link, never what it names)."""
+        try:
+            self._existing_path(cid).unlink(missing_ok=True)
+        except DiskCacheError as exc:
+            log.error("disk cache: %s", exc)
 
     def _entries(self) -> list[tuple[str, int, float]]:
         """Every cached object as (path, size, last use); objects vanish under other mounts."""

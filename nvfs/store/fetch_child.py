@@ -128,6 +128,10 @@ def _serve(lane: socket.socket, engine: Engine, getters: _Getters, writer: _Writ
             reply = ("corrupt", str(exc))
         except BackendError as exc:
             reply = ("unreadable", str(exc))
+        except OSError as exc:
+            # As an OSError, which the daemon's BackendError carries: its errno (a full disk:
+            # ENOSPC) then reaches the application that wrote the chunk.
+            reply = ("unreadable", OSError(exc.errno, f"chunk process: {exc.strerror}", exc.filename))
         except Exception as exc:  # anything else would only kill the lane: report it instead
             reply = ("unreadable", f"chunk process: {type(exc).__name__}: {exc}")
         finally:

@@ -15,13 +15,14 @@ import contextlib
 import functools
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nvfs.backend import Backend, BackendError, ObjectNotFound
+from nvfs.backend import Backend, BackendError, ErrnoCarrier, ObjectNotFound
 from nvfs.codec import CpuEngine, Engine, LayoutTracker, Region, cpu_decodes
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
@@ -59,8 +60,12 @@ class StoreError(Exception):
     """The backend does not hold a usable nvfs store."""
 
 
-class StoreUnavailable(Exception):
-    """The backend failed (unreachable, refused, full): the operation did not happen."""
+class StoreUnavailable(ErrnoCarrier):
+    """The backend failed (unreachable, refused, full): the operation did not happen.
+
+    ``errno`` reports it: ENOSPC, EDQUOT, EFBIG or ENAMETOOLONG where the backend's failure
+    was one of those, else EIO.
+    """
 
 
 class ChunkUnreadable(StoreUnavailable):
@@ -133,6 +138,9 @@ def _reports_backend_failures(method):
 
 
 _BYTES_NAME = "#x"  # a name that is not UTF-8, as hex of its bytes (object keys must be UTF-8)
+_NAME_MAX = 255  # bytes in one path component (Linux NAME_MAX): longer names cannot be listed
+# A chunk id anywhere in a manifest's text: what GC keeps alive of a manifest it cannot parse
+_CHUNK_ID_TEXT = re.compile(rb"[0-9a-fA-F]{64}")
 
 
 def encode_name(name: str) -> str:
@@ -147,16 +155,42 @@ def encode_name(name: str) -> str:
     return "#" + name if name.startswith("#") else name
 
 
+class BadName(ValueError):
+    """A key component that does not decode to one file name."""
+
+
 def decode_name(component: str) -> str | None:
-    """File name for a key component, or ``None`` for reserved components such as ``#dir``."""
+    """File name for a key component, or ``None`` for reserved components such as ``#dir``.
+
+    Raises :class:`BadName` for a component that decodes to no single path component (empty,
+    ``.``, ``..``, holding ``/`` or NUL, or longer than NAME_MAX): keys come from the store,
+    which anyone who can write to it may fill with such names.
+    """
     if component.startswith("##"):
-        return component[1:]
-    if component.startswith(_BYTES_NAME):
+        name = component[1:]
+    elif component.startswith(_BYTES_NAME):
         try:
-            return bytes.fromhex(component[len(_BYTES_NAME):]).decode(errors="surrogateescape")
+            name = bytes.fromhex(component[len(_BYTES_NAME):]).decode(errors="surrogateescape")
         except ValueError:
-            return None
-    return None if component.startswith("#") else component
+            raise BadName(f"{component!r:.300} is not hex after {_BYTES_NAME}") from None
+    elif component.startswith("#"):
+        return None
+    else:
+        name = component
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise BadName(f"{component!r:.300} decodes to {name!r:.300}, which is not a file name")
+    if len(name.encode(errors="surrogateescape")) > _NAME_MAX:
+        raise BadName(f"{component!r:.300} decodes to a name longer than {_NAME_MAX} bytes")
+    return name
+
+
+def _entry_name(prefix: str, component: str) -> str | None:
+    """The name of a listed component; ``None`` (logged, if it is bad) where it is not an entry."""
+    try:
+        return decode_name(component)
+    except BadName as exc:
+        log.error("skipping %s: %s", prefix + component, exc)
+        return None
 
 
 def entry_key(path: Path) -> str:
@@ -221,6 +255,22 @@ def _chunk_failures() -> Iterator[None]:
         raise ChunkCorrupt("chunk object is missing") from None
     except BackendError as exc:
         raise ChunkUnreadable(str(exc)) from exc
+
+
+def _chunks_named(key: str, blob: bytes | memoryview) -> set[str]:
+    """The chunk ids manifest ``key`` names, for garbage collection.
+
+    A manifest that does not parse (damaged, or of a newer format) may still name chunks
+    that some nvfs reads: every chunk id anywhere in its text is kept alive rather than
+    letting it stop the collection or lose those chunks.
+    """
+    try:
+        manifest = Manifest.from_bytes(blob)
+    except ManifestError as exc:
+        named = {cid.decode().lower() for cid in _CHUNK_ID_TEXT.findall(bytes(blob))}
+        log.error("garbage collection: %s: %s: keeping the %d chunk ids in its text", key, exc, len(named))
+        return named
+    return {ref.id for ref in manifest.chunks if ref is not None}
 
 
 def _fetched_elsewhere(ref: ChunkRef) -> bool:
@@ -375,8 +425,12 @@ class Store:
         if self.write_buffers is not None:
             self.write_buffers.release_free_pages()
 
+    @_reports_backend_failures
     def put_chunk(self, data: bytes | memoryview, regions: list[Region] | None = None) -> ChunkRef:
         """Store ``data`` as a chunk (once per distinct content) and pin it for the caller.
+
+        Raises :class:`StoreUnavailable` where the backend failed (its ``errno`` is ENOSPC
+        on a full store).
 
         ``regions`` say which values the bytes hold (from a :class:`LayoutTracker`); without
         them the engine guesses from the content.
@@ -452,13 +506,15 @@ class Store:
             return None
         return PendingPut(sent, len(data))
 
+    @_reports_backend_failures
     def finish_put(self, pending: PendingPut, answered: bool) -> ChunkRef | None:
         """The chunk of :meth:`begin_put`, stored; ``None`` where its write process failed.
 
         ``answered``: whether the descriptor turned readable in time (``pending.timeout``);
         if not, the process is stopped. On ``None`` the caller stores the chunk with
         :meth:`put_chunk` (which tries a write process once more, then stores it itself).
-        Raises :class:`BackendError` where the process could not write it.
+        Raises :class:`StoreUnavailable` where the process could not write it (with the
+        process's errno, as :meth:`put_chunk`).
         """
         assert self.write_pool is not None
         try:
@@ -596,10 +652,19 @@ class Store:
         return self._dir_marker(path) or default_dir_manifest(time.time_ns())
 
     def _dir_marker(self, path: Path) -> Manifest | None:
+        """The directory's marker; ``None`` where it has none or a bad one (logged)."""
+        key = dir_prefix(path) + DIR_MARKER
         try:
-            return Manifest.from_bytes(self.backend.get(dir_prefix(path) + DIR_MARKER))
+            meta = Manifest.from_bytes(self.backend.get(key))
         except ObjectNotFound:
             return None
+        except ManifestError as exc:
+            log.error("%s: %s: the directory gets default attributes", key, exc)
+            return None
+        if meta.kind != "dir":
+            log.error("%s: a marker of type %s: the directory gets default attributes", key, meta.kind)
+            return None
+        return meta
 
     @_reports_backend_failures
     def list_dir(self, path: Path) -> dict[str, Manifest]:
@@ -608,15 +673,20 @@ class Store:
         objects, prefixes = self.backend.list_dir(prefix)
         entries: dict[str, Manifest] = {}
         for component, version in objects.items():
-            name = decode_name(component)
+            name = _entry_name(prefix, component)
             if name is None:
                 continue
             try:
-                entries[name] = self._manifest(prefix + component, version)
+                meta = self._manifest(prefix + component, version)
             except (ManifestError, ObjectNotFound) as exc:
                 log.error("skipping %s: %s", prefix + component, exc)
+                continue
+            if meta.kind == "dir":  # a directory is a prefix with a marker, never an object
+                log.error("skipping %s: a directory manifest outside a #dir marker", prefix + component)
+                continue
+            entries[name] = meta
         for component in prefixes:
-            name = decode_name(component)
+            name = _entry_name(prefix, component)
             if name is None:
                 continue
             meta = self._dir_marker((*path, name))
@@ -696,10 +766,10 @@ class Store:
             if key.endswith("/" + DIR_MARKER):
                 continue
             try:
-                manifest = Manifest.from_bytes(self.backend.get(key))
+                blob = self.backend.get(key)
             except ObjectNotFound:
                 continue  # deleted while we listed; a rename would have restarted the mark
-            live.update(ref.id for ref in manifest.chunks if ref is not None)
+            live.update(_chunks_named(key, blob))
         return live
 
     def _sweep(self, keep: set[str]) -> tuple[int, int]:
