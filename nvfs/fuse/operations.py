@@ -15,6 +15,7 @@ import os
 import pyfuse3
 
 from nvfs.vfs import ROOT_INO, XATTR_PREFIX, Node, Stat, Vfs, VfsError
+from nvfs.vfs.names import NAME_MAX
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def _attributes(st: Stat) -> pyfuse3.EntryAttributes:
     attrs.st_nlink = st.nlink
     attrs.st_uid = st.uid
     attrs.st_gid = st.gid
-    attrs.st_rdev = 0
+    attrs.st_rdev = st.rdev
     attrs.st_size = st.size
     attrs.st_blksize = 1 << 20
     attrs.st_blocks = st.blocks
@@ -89,6 +90,7 @@ class Operations(pyfuse3.Operations):
     def __init__(self, vfs: Vfs, direct_writes: bool = True) -> None:
         super().__init__()
         self.vfs = vfs
+        vfs.invalidate_kernel_cache = pyfuse3.invalidate_inode
         self._direct_writes = direct_writes
         # Page cache survives open/close only where no other mount can change a file.
         self._keep_cache = vfs.config.metadata_ttl is None
@@ -165,6 +167,11 @@ class Operations(pyfuse3.Operations):
         return self._entry(await self.vfs.mkdir(parent_inode, _name(name), mode, ctx.uid, ctx.gid))
 
     @_translated
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        node = await self.vfs.mknod(parent_inode, _name(name), mode, rdev, ctx.uid, ctx.gid)
+        return self._entry(node)
+
+    @_translated
     async def rmdir(self, parent_inode, name, ctx):
         await self.vfs.rmdir(parent_inode, _name(name))
 
@@ -228,7 +235,7 @@ class Operations(pyfuse3.Operations):
         data.f_blocks = capacity[0] // block
         data.f_bfree = data.f_bavail = capacity[1] // block
         data.f_files = data.f_ffree = data.f_favail = 1 << 32
-        data.f_namemax = 254
+        data.f_namemax = NAME_MAX
         return data
 
     @_translated

@@ -5,6 +5,10 @@ A file is a row of fixed-size *slots*; slot ``i`` covers bytes
 a dirty ``buffer`` being written, ``frozen`` bytes being compressed and stored, a stored
 chunk (``ref``), or a hole of zeros. Data in a slot is never longer than the file's size
 allows, and shorter data reads as zeros up to it.
+
+Slots are sparse: only those holding data exist, so a hole costs nothing until it is
+written, whatever size a file claims (``truncate -s`` of a petabyte, a manifest declaring
+one) -- memory follows the data written or read, not the logical size.
 """
 
 from __future__ import annotations
@@ -88,8 +92,9 @@ class FileContent:
         self.chunk_size = chunk_size
         self.layout = layout  # learns the tensor layout while the file is written from the start
         self.size = size
-        self.slots = [Slot(ref) for ref in refs]
-        self._extend_slots()
+        # Only slots that hold something; a missing index is a hole (refs past the size are ignored).
+        self.slots: dict[int, Slot] = {
+            index: Slot(ref) for index, ref in enumerate(refs[: self.slot_count()]) if ref is not None}
         self.dirty = False
         self.dirty_slots: dict[int, None] = {}  # slots with a buffer, oldest first
         self.error: BaseException | None = None
@@ -98,9 +103,16 @@ class FileContent:
         self._idle = trio.Event()
         self._idle.set()
 
-    def _extend_slots(self) -> None:
-        needed = -(-self.size // self.chunk_size)
-        self.slots.extend(Slot() for _ in range(needed - len(self.slots)))
+    def slot_count(self) -> int:
+        """How many slots the file's size spans, holes included."""
+        return -(-self.size // self.chunk_size)
+
+    def slot(self, index: int) -> Slot:
+        """Slot ``index``, made (as a hole) if it does not exist yet: for a writer."""
+        slot = self.slots.get(index)
+        if slot is None:
+            slot = self.slots[index] = Slot()
+        return slot
 
     def slot_length(self, index: int) -> int:
         """How many bytes of the file slot ``index`` covers at the current size."""
@@ -108,18 +120,27 @@ class FileContent:
 
     def pinned_ids(self) -> list[str]:
         """Chunk ids this content holds a pin on: one per slot that has a ref."""
-        return [slot.ref.id for slot in self.slots if slot.ref is not None]
+        return [slot.ref.id for slot in self.slots.values() if slot.ref is not None]
+
+    def chunk_refs(self) -> list[ChunkRef | None]:
+        """The manifest's chunk list: a ref or ``None`` (a hole) per slot, trailing holes left out.
+
+        Readers treat chunks missing at the end as holes (docs/FORMAT.md), so a file grown by
+        truncate costs its manifest nothing.
+        """
+        stored = [index for index, slot in self.slots.items() if slot.ref is not None]
+        refs: list[ChunkRef | None] = [None] * (max(stored) + 1 if stored else 0)
+        for index in stored:
+            refs[index] = self.slots[index].ref
+        return refs
 
     def grow(self, size: int) -> None:
-        if size > self.size:
-            self.size = size
-            self._extend_slots()
+        self.size = max(self.size, size)
 
     def shrink(self, size: int) -> list[Slot]:
         """Cut the file to ``size`` (smaller than now); returns the slots dropped whole."""
         keep = -(-size // self.chunk_size)
-        dropped = self.slots[keep:]
-        del self.slots[keep:]
+        dropped = [self.slots.pop(index) for index in [i for i in self.slots if i >= keep]]
         for slot in dropped:
             slot.version += 1
         for index in [i for i in self.dirty_slots if i >= keep]:
@@ -130,7 +151,7 @@ class FileContent:
     def stored_estimate(self) -> int:
         """Stored bytes: stored chunks at their stored size, pending data at its logical size."""
         total = 0
-        for slot in self.slots:
+        for slot in self.slots.values():
             if slot.buffer is not None:
                 total += len(slot.buffer)
             elif slot.frozen is not None:

@@ -6,8 +6,9 @@ and hand blocking work (compression, storage I/O) to worker threads through
 and a writer waits only when ``max_inflight`` bytes are already on their way.
 
 Semantics (README, "Semantics"): a file's new contents become durable and visible in
-the store when it is closed or fsync'ed; namespace operations (mkdir, rename, unlink,
-chmod, ...) are durable when they return.
+the store when the last handle that can write it is released, on fsync, or at unmount
+(:mod:`nvfs.vfs.commits`); namespace operations (mkdir, rename, unlink, chmod, ...) are
+durable when they return.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from nvfs.store import (
     StoreUnavailable,
 )
 from nvfs.vfs.cache import ChunkCache, ChunkDropper
+from nvfs.vfs.commits import Committing
 from nvfs.vfs.content import FileContent, Slot, SlotBuffer
+from nvfs.vfs.errors import VfsError, store_errno
+from nvfs.vfs.names import SPECIAL_TYPES, check_moved_tree, check_new_path, inherited
 from nvfs.vfs.node import Node, Stat
 
 log = logging.getLogger(__name__)
@@ -42,14 +46,10 @@ XATTR_PREFIX = "user.nvfs."
 # continue the run. With the kernel's read-ahead at 4 MiB its requests came out of order, up to
 # 10 MiB behind the newest (traced on 16 cores); taken for seeks, they kept the window at 3 fetches.
 STRAGGLER_DISTANCE = 16 << 20
-
-
-class VfsError(Exception):
-    """A failed filesystem operation, carrying the errno the caller should see."""
-
-    def __init__(self, err: int, message: str = "") -> None:
-        super().__init__(message or os.strerror(err))
-        self.errno = err
+# Worker threads for namespace and metadata calls of the store (list, write and delete entries),
+# apart from the ``threads`` that fetch and store chunks: with the store stalled, read-ahead
+# fetches held every worker and ``ls`` of the mount waited behind them.
+NAMESPACE_THREADS = 4
 
 
 @dataclass
@@ -65,8 +65,13 @@ class VfsConfig:
     # Seconds a directory listing is trusted before the store is listed again, so that
     # files other mounts commit show up; None where this mount is the store's only user.
     metadata_ttl: float | None = None
-    # close returns before the file is committed (fsync and unmount still wait for it).
+    # close(2) returns before the data written is stored (it then reports only failures
+    # already known); the commit at the last release runs in the background, and fsync and
+    # unmount still wait for it.
     async_close: bool = False
+    # Largest size a file may be given (write or truncate past it: EFBIG). Holes cost no
+    # memory, but a manifest lists one entry per chunk up to its last stored chunk.
+    max_file_size: int = 16 << 40
 
 
 @dataclass
@@ -82,7 +87,7 @@ class Handle:
     ahead: int = 0  # first chunk index that read-ahead has not been asked for yet
 
 
-class Vfs:
+class Vfs(Committing):
     """Inode table and file operations over a :class:`Store`."""
 
     def __init__(self, store: Store, config: VfsConfig) -> None:
@@ -99,7 +104,8 @@ class Vfs:
         self._next_fh = 1
         self._cache = ChunkCache(config.cache_size)
         self._fetching: dict[str, trio.Event] = {}
-        self._workers = trio.CapacityLimiter(config.threads)
+        self._workers = trio.CapacityLimiter(config.threads)  # chunk fetches, uploads, GC
+        self._namespace = trio.CapacityLimiter(NAMESPACE_THREADS)
         self._inflight = trio.Semaphore(max(1, config.max_inflight // config.chunk_size))
         self._uploads = 0  # chunk uploads running, of every file, released ones included
         self._uploads_started = 0
@@ -232,15 +238,18 @@ class Vfs:
             raise VfsError(errno.ENOENT)
         return node
 
-    async def _run(self, fn, *args):
-        """Run blocking store work in a worker thread; a failing backend becomes EIO."""
+    async def _run(self, fn, *args, lane: trio.CapacityLimiter | None = None):
+        """Run blocking store work in a worker thread of ``lane`` (default: the namespace lane).
+
+        A failing backend becomes EIO, or ENOSPC, EDQUOT or EFBIG where it said so.
+        """
         try:
-            return await trio.to_thread.run_sync(fn, *args, limiter=self._workers)
+            return await trio.to_thread.run_sync(fn, *args, limiter=lane or self._namespace)
         except ChunkUnreadable:
             raise  # the reader reports it with the file and chunk
         except StoreUnavailable as exc:
             log.error("%s failed: %s", getattr(fn, "__name__", fn), exc)
-            raise VfsError(errno.EIO) from None
+            raise VfsError(store_errno(exc)) from None
 
     # ----- attributes -------------------------------------------------------------------
 
@@ -251,6 +260,8 @@ class Vfs:
                       gid: int | None = None, size: int | None = None,
                       mtime_ns: int | None = None) -> Stat:
         node = self.node(ino)
+        if size is not None:
+            self._check_size(node, size)
         async with node.lock:
             now = time.time_ns()
             if mode is not None:
@@ -268,42 +279,65 @@ class Vfs:
                 await self._truncate(node, size)
                 node.mtime_ns = now if mtime_ns is None else mtime_ns
             node.meta_dirty = True
-            if node.content is None or node.open_count == 0:
-                await self._commit_locked(node)
+            if not self.has_writer(node):
+                await self._commit_locked(node)  # truncate(1), chmod: durable when they return
                 self._release_content(node)
+            elif size is None:
+                await self._commit_attributes_locked(node)
+            # A size change while the file is open for writing (ftruncate, the kernel's
+            # truncate for O_TRUNC) is part of the version being written, committed with it.
         return node.stat()
 
     # ----- namespace -----------------------------------------------------------------
 
-    async def _check_new_name(self, parent: Node, name: str) -> dict[str, Node]:
-        if len(name.encode(errors="surrogateescape")) > 254:
-            raise VfsError(errno.ENAMETOOLONG)
+    async def _check_new_name(self, parent: Node, name: str, kind: str = "file") -> dict[str, Node]:
+        check_new_path(self.store, (*parent.path(), name), kind)
         children = await self.children(parent)
         if name in children:
             raise VfsError(errno.EEXIST)
         return children
 
+    async def _store_new_entry(self, parent: Node, children: dict[str, Node], name: str,
+                               meta: Manifest) -> Node:
+        """Store a new directory, symlink or node without contents durably, then show it."""
+        await self._run(self.store.write_entry, (*parent.path(), name), meta)
+        node = self._new_node(parent, name, meta, committed=meta.kind != "dir")
+        node.changed_at = trio.current_time()
+        children[name] = node
+        parent.mtime_ns = parent.ctime_ns = meta.mtime_ns
+        return node
+
     async def mkdir(self, parent_ino: int, name: str, mode: int, uid: int, gid: int) -> Node:
         parent = self.node(parent_ino)
-        children = await self._check_new_name(parent, name)
+        children = await self._check_new_name(parent, name, "dir")
+        mode, gid = inherited(parent, stat.S_IFDIR | stat.S_IMODE(mode), gid, is_dir=True)
         now = time.time_ns()
-        meta = Manifest("dir", stat.S_IFDIR | stat.S_IMODE(mode), uid, gid, now, now)
-        await self._run(self.store.write_entry, (*parent.path(), name), meta)
-        node = self._new_node(parent, name, meta, committed=False)
-        children[name] = node
-        parent.mtime_ns = parent.ctime_ns = now
-        return node
+        return await self._store_new_entry(parent, children, name, Manifest("dir", mode, uid, gid, now, now))
 
     async def symlink(self, parent_ino: int, name: str, target: str, uid: int, gid: int) -> Node:
         parent = self.node(parent_ino)
-        children = await self._check_new_name(parent, name)
+        children = await self._check_new_name(parent, name, "symlink")
+        _, gid = inherited(parent, 0, gid, is_dir=False)
         now = time.time_ns()
         meta = Manifest("symlink", stat.S_IFLNK | 0o777, uid, gid, now, now, target=target)
-        await self._run(self.store.write_entry, (*parent.path(), name), meta)
-        node = self._new_node(parent, name, meta, committed=True)
-        children[name] = node
-        parent.mtime_ns = parent.ctime_ns = now
-        return node
+        return await self._store_new_entry(parent, children, name, meta)
+
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int, uid: int, gid: int) -> Node:
+        """mknod(2), mkfifo(3), bind(2) of a unix socket: a node with attributes and no contents.
+
+        A fifo, socket or device exists only in the namespace (the kernel serves opens of it
+        without asking nvfs); a regular file made this way is an empty committed file.
+        """
+        kind = "file" if stat.S_ISREG(mode) else "special"
+        if kind == "special" and stat.S_IFMT(mode) not in SPECIAL_TYPES:
+            raise VfsError(errno.EINVAL)
+        parent = self.node(parent_ino)
+        children = await self._check_new_name(parent, name, kind)
+        mode, gid = inherited(parent, stat.S_IFMT(mode) | stat.S_IMODE(mode), gid, is_dir=False)
+        device = rdev if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else 0
+        now = time.time_ns()
+        meta = Manifest(kind, mode, uid, gid, now, now, rdev=device)
+        return await self._store_new_entry(parent, children, name, meta)
 
     def readlink(self, ino: int) -> str:
         node = self.node(ino)
@@ -369,8 +403,7 @@ class Vfs:
         node = (await self.children(old_parent)).get(old_name)
         if node is None:
             raise VfsError(errno.ENOENT)
-        if len(new_name.encode(errors="surrogateescape")) > 254:
-            raise VfsError(errno.ENAMETOOLONG)
+        check_moved_tree(self.store, node, (*new_parent.path(), new_name))
         new_children = await self.children(new_parent)
         target = new_children.get(new_name)
         if target is node:
@@ -391,7 +424,20 @@ class Vfs:
         node.changed_at = trio.current_time()
         new_children[new_name] = node
         now = time.time_ns()
-        old_parent.mtime_ns = new_parent.mtime_ns = node.ctime_ns = now
+        node.ctime_ns = now
+        for parent in dict.fromkeys((old_parent, new_parent)):
+            parent.mtime_ns = parent.ctime_ns = now
+            await self._store_directory_times(parent)
+
+    async def _store_directory_times(self, directory: Node) -> None:
+        """Persist a directory's attributes (its marker) after a rename changed its times.
+
+        The rename itself is already durable: a failure here is logged, not reported.
+        """
+        try:
+            await self._run(self.store.write_entry, directory.path(), directory.to_manifest())
+        except VfsError as exc:
+            log.error("%s: times after a rename not stored: %s", directory.display_path(), exc)
 
     @staticmethod
     def _check_rename(node: Node, new_parent: Node, target: Node | None, noreplace: bool) -> None:
@@ -429,12 +475,18 @@ class Vfs:
             return
         if content.dirty and not node.unlinked:
             return  # uncommitted data stays until a commit succeeds or the mount ends
+        self._drop_content(node)
+
+    def _drop_content(self, node: Node) -> None:
+        """Let go of the file's contents; a handle still open reads the committed version anew."""
+        content = node.content
+        assert content is not None
         held = content.pinned_ids()
         self.store.unpin(held)
         committed = {ref.id for ref in node.manifest.chunks if ref} if node.manifest else set()
         if content.orphaned or not committed.issuperset(held):
             self._request_gc()  # chunks stored for data that no manifest will name
-        for slot in content.slots:
+        for slot in content.slots.values():
             slot.version += 1
         node.content = None
         self._maybe_drop(node)
@@ -459,129 +511,26 @@ class Vfs:
             raise VfsError(errno.EISDIR if node.is_dir else errno.EINVAL)
         writable = (flags & os.O_ACCMODE) != os.O_RDONLY
         fh = self._open_handle(node, writable, sets_mtime)
-        if writable and flags & os.O_TRUNC and node.size() > 0:
+        if writable and flags & os.O_TRUNC:
+            # The committed version stays in the store until this one is committed.
             async with node.lock:
-                await self._truncate(node, 0)
+                if node.size() > 0:
+                    await self._truncate(node, 0)
+                node.mtime_ns = node.ctime_ns = time.time_ns()
+                node.meta_dirty = True
         return fh
 
     async def create(self, parent_ino: int, name: str, mode: int, uid: int, gid: int, *,
                      sets_mtime: bool = True) -> tuple[int, Node]:
         parent = self.node(parent_ino)
         children = await self._check_new_name(parent, name)
+        mode, gid = inherited(parent, stat.S_IFREG | stat.S_IMODE(mode), gid, is_dir=False)
         now = time.time_ns()
-        meta = Manifest("file", stat.S_IFREG | stat.S_IMODE(mode), uid, gid, now, now)
+        meta = Manifest("file", mode, uid, gid, now, now)
         node = self._new_node(parent, name, meta, committed=False)
         children[name] = node
         parent.mtime_ns = parent.ctime_ns = now
         return self._open_handle(node, writable=True, sets_mtime=sets_mtime), node
-
-    async def flush(self, fh: int) -> None:
-        """close(2): commit the file, or with ``async_close`` start committing it and return."""
-        node = self.handle(fh).node
-        if self.config.async_close:
-            self._commit_in_background(node)
-        else:
-            await self.commit(node)
-
-    async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh, None)
-        if handle is None:
-            return
-        node = handle.node
-        node.open_count -= 1
-        if node.open_count == 0 and node.needs_commit():
-            if self.config.async_close:
-                self._commit_in_background(node)
-                return  # the commit lets go of the contents when it is done
-            try:
-                await self.commit(node)
-            except VfsError as exc:
-                log.error("%s: uncommitted data could not be stored: %s", node.display_path(), exc)
-        self._let_go(node)
-
-    def _let_go(self, node: Node) -> None:
-        """The last handle is closed and no commit is running: drop the file's contents."""
-        if node.open_count or node.background_commits:
-            return
-        if node.content is not None and node.content.error is not None:
-            self._discard_failed_changes(node)
-        self._release_content(node)
-
-    def _commit_in_background(self, node: Node) -> None:
-        if not node.needs_commit():
-            return
-        assert self._nursery is not None
-        node.background_commits += 1
-        if self._background_commits == 0:
-            self._background_commits_idle = trio.Event()
-        self._background_commits += 1
-        self._nursery.start_soon(self._background_commit, node)
-
-    async def _background_commit(self, node: Node) -> None:
-        """A commit nobody waits for: a failure can only be logged (the file keeps its old version)."""
-        try:
-            await self.commit(node)
-        except VfsError as exc:
-            log.error("%s: closed, but storing it failed: %s", node.display_path(), exc)
-        finally:
-            node.background_commits -= 1
-            self._background_commits -= 1
-            if self._background_commits == 0:
-                self._background_commits_idle.set()
-        self._let_go(node)
-
-    def _discard_failed_changes(self, node: Node) -> None:
-        """The store failed this file's data and its last writer is gone: fall back.
-
-        The file returns to its last committed version (a file never committed leaves the
-        tree), so the mount shows what the store holds and the file can be written again.
-        """
-        log.error("%s: discarding changes the store did not take; the file keeps its last "
-                  "committed version", node.display_path())
-        content = node.content
-        assert content is not None
-        content.dirty, content.error, content.orphaned = False, None, True
-        node.meta_dirty = False
-        if node.manifest is None and node.parent is not None and not node.unlinked:
-            self._detach(node.parent, node)
-        elif node.manifest is not None:
-            node.take_attributes(node.manifest)
-
-    async def commit(self, node: Node) -> None:
-        """Make the file's current contents durable and visible in the store (close, fsync)."""
-        async with node.lock:
-            await self._commit_locked(node)
-
-    async def _commit_locked(self, node: Node) -> None:
-        if not node.needs_commit():
-            return
-        content = node.content
-        if content is not None:
-            for index in list(content.dirty_slots):
-                if content.error is not None:
-                    break  # no point in storing more of a version that cannot be committed
-                await self._submit(node, index)
-            if content.error is None:
-                await content.wait_uploads()
-            if content.error is not None:
-                raise VfsError(errno.EIO, f"storing data failed: {content.error}")
-        manifest = node.to_manifest()
-        if manifest.kind == "file" and content is not None:
-            manifest.engine = self.store.engine.name
-        replaced = node.manifest
-        await self._run(self.store.write_entry, node.path(), manifest)
-        if manifest.kind == "file":
-            node.manifest = manifest
-        node.changed_at = trio.current_time()
-        if content is not None:
-            content.dirty = False
-        node.meta_dirty = False
-        changed = replaced is not None and manifest.kind == "file" and replaced.chunks != manifest.chunks
-        if changed or (content is not None and content.orphaned):
-            self._request_gc()
-            if content is not None:
-                content.orphaned = False
-        log.debug("committed %s: %d bytes", node.display_path(), node.size())
 
     # ----- writing ----------------------------------------------------------------------
 
@@ -593,7 +542,9 @@ class Vfs:
         async with node.lock:
             content = self._ensure_content(node)
             if content.error is not None:
-                raise VfsError(errno.EIO, f"an earlier write failed: {content.error}")
+                raise VfsError(store_errno(content.error), f"an earlier write failed: {content.error}")
+            if offset + len(data) > self.config.max_file_size:
+                raise VfsError(errno.EFBIG, f"a write to {offset + len(data)} bytes is past max_file_size")
             await self._write_locked(node, content, offset, memoryview(data))
             if handle.sets_mtime:
                 node.mtime_ns = node.ctime_ns = time.time_ns()
@@ -619,7 +570,7 @@ class Vfs:
     async def _writable_buffer(self, node: Node, content: FileContent, index: int, start: int,
                                count: int) -> SlotBuffer:
         """The dirty buffer of a slot, made from its current data if it has none yet."""
-        slot = content.slots[index]
+        slot = content.slot(index)
         if slot.buffer is not None:
             return slot.buffer
         if slot.frozen is not None:
@@ -646,8 +597,8 @@ class Vfs:
         """Freeze a dirty slot and store it in the background (waits if too much is in flight)."""
         content = node.content
         assert content is not None and self._nursery is not None
-        slot = content.slots[index]
-        if slot.buffer is None:
+        slot = content.slots.get(index)
+        if slot is None or slot.buffer is None:
             return
         data = slot.buffer.view()  # frozen from here on: a later write to the slot starts a new buffer
         slot.buffer, slot.frozen = None, data
@@ -670,7 +621,7 @@ class Vfs:
         """
         while True:
             if content.error is not None:
-                raise VfsError(errno.EIO, f"storing data failed: {content.error}")
+                raise VfsError(store_errno(content.error), f"storing data failed: {content.error}")
             with trio.move_on_after(0.5):
                 await self._inflight.acquire()
                 return
@@ -685,7 +636,7 @@ class Vfs:
         try:
             ref = await self._put_by_write_process(data, regions) if content.error is None else None
             if ref is None:
-                ref = await self._run(store_unless_failed)
+                ref = await self._run(store_unless_failed, lane=self._workers)
             if ref is None:
                 return
         except Exception as exc:  # surfaces as EIO on the next write, fsync or close
@@ -727,10 +678,16 @@ class Vfs:
                     return self.store.finish_put(pending, answered=True)
                 return self.store.finish_put(pending, answered=False)
 
-    async def _truncate(self, node: Node, size: int) -> None:
-        content = self._ensure_content(node)
+    def _check_size(self, node: Node, size: int) -> None:
+        """Refuse a negative size, and growing a file past ``max_file_size`` (EFBIG)."""
         if size < 0:
             raise VfsError(errno.EINVAL)
+        if size > max(self.config.max_file_size, node.size()):
+            raise VfsError(errno.EFBIG, f"{size} bytes is more than max_file_size")
+
+    async def _truncate(self, node: Node, size: int) -> None:
+        self._check_size(node, size)
+        content = self._ensure_content(node)
         content.dirty = True
         if size == 0:
             content.layout = self.store.layout_tracker()  # rewritten from scratch: learn anew
@@ -740,7 +697,7 @@ class Vfs:
         for dropped in content.shrink(size):
             self._replace_ref(content, dropped, None)
         index, keep = divmod(size, content.chunk_size)
-        if keep and index < len(content.slots):
+        if keep and index in content.slots:
             buffer = await self._writable_buffer(node, content, index, 0, 0)
             buffer.truncate(keep)
 
@@ -780,7 +737,7 @@ class Vfs:
 
     async def _slot_bytes(self, node: Node, content: FileContent, index: int
                           ) -> bytes | memoryview | SlotBuffer:
-        slot = content.slots[index] if index < len(content.slots) else Slot()
+        slot = content.slots.get(index) or Slot()
         if slot.buffer is not None:
             return slot.buffer
         if slot.frozen is not None:
@@ -815,7 +772,7 @@ class Vfs:
         try:
             data = await self._get_by_fetch_process(ref)
             if data is None:
-                data = await self._run(self.store.get_chunk, ref)
+                data = await self._run(self.store.get_chunk, ref, lane=self._workers)
             evicted = self._cache.put(ref.id, data)
             if evicted:
                 assert self._dropper is not None
@@ -871,10 +828,11 @@ class Vfs:
         window = min(2 * handle.streak if from_start else handle.streak // 2, self.config.readahead) // chunk
         assert self._nursery is not None
         first = (end - 1) // chunk + 1
-        last = min(first + window, len(content.slots))
+        last = min(first + window, content.slot_count())
         start, handle.ahead = max(first, handle.ahead), max(handle.ahead, last)
         for index in range(start, last):  # only chunks no earlier read of this run asked for
-            ref = content.slots[index].ref
+            slot = content.slots.get(index)
+            ref = slot.ref if slot is not None else None
             if ref is not None and ref.id not in self._cache and ref.id not in self._fetching:
                 self._nursery.start_soon(self._prefetch, ref)
 
@@ -920,7 +878,7 @@ class Vfs:
             self._gc_wanted = trio.Event()
             requested = self._gc_requested
             try:
-                await self._run(self.store.collect_garbage)
+                await self._run(self.store.collect_garbage, lane=self._workers)
             except Exception as exc:
                 log.error("garbage collection failed (nothing was deleted): %s", exc)
             finally:
