@@ -113,7 +113,7 @@ class Node:
         if self.kind == "file" and self.content is not None:
             meta.size = self.content.size
             meta.chunk_size = self.content.chunk_size
-            meta.chunks = [slot.ref for slot in self.content.slots]
+            meta.chunks = self.content.chunk_refs()
         elif self.manifest is not None:
             meta.size, meta.chunk_size = self.manifest.size, self.manifest.chunk_size
             meta.chunks, meta.engine = self.manifest.chunks, self.manifest.engine
