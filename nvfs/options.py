@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from nvfs.backend.deadlines import Deadlines
 from nvfs.store.fetch_pool import STORE_TIMEOUT
 from nvfs.vfs import VfsConfig
 
@@ -21,8 +22,8 @@ GENERIC_OPTIONS = frozenset({
     "_netdev", "auto", "noauto", "nofail", "user", "nouser", "users", "owner", "group", "defaults",
     "async", "sync", "default_permissions",
 })
-_SIZE = re.compile(r"^(\d+)([kKmMgGtT]?)(i?[bB])?$")
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^(\d+)([kKmMgGtTpP]?)(i?[bB])?$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 LOG_LEVELS = ("debug", "info", "warning", "error")
 CODECS = ("portable", "ans")
 MAX_GPU = 255  # highest CUDA device number accepted
@@ -33,6 +34,15 @@ _SIZE_OPTIONS = {
     "max_inflight": (1 << 20, 1 << 40),
     "max_dirty": (1 << 20, 1 << 40),
     "readahead": (0, 1 << 34),
+    "max_file_size": (1 << 20, 1 << 50),  # writes and truncates past it get EFBIG
+}
+# Deadlines of S3 requests (nvfs/backend/deadlines.py explains them and their defaults), in
+# seconds, with their allowed range: below a tenth of a second a busy but healthy server fails
+# requests; a day is longer than anyone would wait for a read.
+_DEADLINE_OPTIONS = {
+    "connect_timeout": (0.1, 600.0),
+    "read_timeout": (0.1, 3600.0),
+    "request_timeout": (1.0, 86400.0),
 }
 
 
@@ -56,7 +66,8 @@ class MountOptions:
     level: int = 3
     log_file: str | None = None
     log_level: str = "info"
-    backend: dict[str, str] = field(default_factory=dict)  # S3: endpoint_url, region, profile
+    # S3: endpoint_url, region, profile; connect_timeout, read_timeout, request_timeout (seconds)
+    backend: dict[str, str | float] = field(default_factory=dict)
     gc_grace: float | None = None
     stage_dir: str | None = None
     stage_size: int = 16 << 30
@@ -105,7 +116,23 @@ def parse_options(specs: list[str]) -> MountOptions:
         for item in filter(None, (part.strip() for part in spec.split(","))):
             name, has_value, value = item.partition("=")
             _apply(options, name, value if has_value else None)
+    _check_deadlines(options.backend)
     return options
+
+
+def _check_deadlines(backend: dict[str, str | float]) -> None:
+    """The deadlines, as given or by default, must let one whole attempt finish in time."""
+    given = {name: float(backend[name]) for name in _DEADLINE_OPTIONS if name in backend}
+    if not given:
+        return
+    defaults = Deadlines()
+    deadlines = Deadlines(given.get("connect_timeout", defaults.connect),
+                          given.get("read_timeout", defaults.read),
+                          given.get("request_timeout", defaults.request))
+    try:
+        deadlines.check()
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _apply(options: MountOptions, name: str, value: str | None) -> None:
@@ -151,6 +178,8 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
         options.log_file = value
     elif name in _BACKEND_OPTIONS:
         options.backend[name] = value
+    elif name in _DEADLINE_OPTIONS:
+        options.backend[name] = _deadline(name, value)
     elif name == "metadata_ttl":
         options.vfs.metadata_ttl = _seconds(name, value)
     elif name == "gc_grace":
@@ -172,7 +201,7 @@ def _apply(options: MountOptions, name: str, value: str | None) -> None:
 
 
 _BACKEND_OPTIONS = frozenset({"endpoint_url", "region", "profile"})
-_VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | {
+_VALUED = frozenset(_SIZE_OPTIONS) | _BACKEND_OPTIONS | frozenset(_DEADLINE_OPTIONS) | {
     "threads", "fetch_procs", "write_procs", "write_timeout", "level", "engine", "gpu", "codec", "log_file",
     "log_level", "metadata_ttl", "gc_grace", "stage_dir", "stage_size", "cache_dir", "cache_dir_size"}
 
@@ -182,6 +211,17 @@ def _size(name: str, text: str) -> int:
         return parse_size(text)
     except OptionError as exc:
         raise OptionError(f"{name}: {exc}") from None
+
+
+def _deadline(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"{name} takes seconds, not {text!r}") from None
+    low, high = _DEADLINE_OPTIONS[name]
+    if not low <= value <= high:  # NaN too
+        raise OptionError(f"{name}={text} is out of range ({low:g}..{high:g} seconds)")
+    return value
 
 
 def _seconds(name: str, text: str) -> float:

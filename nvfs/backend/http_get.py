@@ -4,32 +4,32 @@ Kept apart from the signing (:mod:`nvfs.backend.s3_reader`), which whoever sends
 does (:class:`ObjectGet`), here or in a fetch process. A body is read with ``readinto``
 straight into an uninitialised buffer: the socket reads run without the GIL and nothing is
 copied. Failures are retried like boto3's
-standard mode: throttling, 5xx and dropped connections, with jittered exponential backoff.
+standard mode (:mod:`nvfs.backend.deadlines`), every wait cut to the request's deadline.
 """
 
 from __future__ import annotations
 
 import http.client
-import logging
-import random
 import re
 import socket
 import ssl
 import threading
-import time
 import urllib.parse
 from dataclasses import dataclass
 
 import numpy as np
 
 from nvfs.backend.base import BackendError, ObjectNotFound
+from nvfs.backend.deadlines import (
+    DEFAULT_REQUEST_TIMEOUT,
+    Deadlines,
+    Retry,
+    is_transient,
+    time_left,
+    with_retries,
+)
 
-log = logging.getLogger(__name__)
-
-_RETRIED_STATUS = {429, 500, 502, 503, 504}
 _ERROR_CODE = re.compile(rb"<Code>([^<]+)</Code>")
-_BACKOFF_BASE = 0.1  # seconds before the first retry; doubled each time, jittered
-BACKOFF_CAP = 5.0  # seconds between attempts, at most
 _IDLE_CONNECTIONS = 64
 
 
@@ -42,6 +42,11 @@ class GetterSettings:
     read_timeout: float
     max_attempts: int
     ca_bundle: str | None = None  # None: the system's default CAs (https only)
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT  # the whole GET, retries included
+
+    @property
+    def deadlines(self) -> Deadlines:
+        return Deadlines(self.connect_timeout, self.read_timeout, self.request_timeout, self.max_attempts)
 
 
 @dataclass(frozen=True)
@@ -78,55 +83,57 @@ class ObjectGetter:
     def get(self, key: str, path: str, headers: dict[str, str]) -> memoryview:
         """The whole object at ``path`` (``key`` names it in errors), sent with ``headers``.
 
-        Signed headers stay valid for minutes, far longer than all the retries take.
+        Every wait (connect, each socket read) is cut to what is left of the request's
+        deadline, so a server that stops answering fails the GET by then. Signed headers stay
+        valid for minutes, longer than any deadline the options allow.
         """
-        for attempt in range(1, self.settings.max_attempts + 1):
-            try:
-                return self._get_once(key, path, headers)
-            except _Retry as reason:
-                if attempt == self.settings.max_attempts:
-                    raise BackendError(f"GET {key}: {reason} (after {attempt} attempts)") from None
-                delay = random.uniform(0, min(BACKOFF_CAP, _BACKOFF_BASE * 2 ** (attempt - 1)))
-                log.debug("GET %s: %s; retrying in %.2f s", key, reason, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return with_retries(f"GET {key}", self.settings.deadlines,
+                            lambda deadline: self._get_once(key, path, headers, deadline), clipped=True)
 
-    def _get_once(self, key: str, path: str, headers: dict[str, str]) -> memoryview:
+    def _get_once(self, key: str, path: str, headers: dict[str, str], deadline: float) -> memoryview:
         connection = self._idle_connection()
         reused = connection is not None
         try:
             if connection is None:
-                connection = self._connect()
+                connection = self._connect(deadline)
+            assert connection.sock is not None
+            connection.sock.settimeout(time_left(deadline, self.settings.read_timeout))
             connection.request("GET", path, headers=headers)
             response = connection.getresponse()
             if response.status == 200:
-                body = self._read_body(response)
+                body = self._read_body(response, connection.sock, deadline)
                 self._release(connection, response)
                 return body
             error = response.read()
             self._release(connection, response)
+        except Retry:  # the deadline came in the middle of it
+            if connection is not None:
+                connection.close()
+            raise
         except (OSError, http.client.HTTPException) as exc:
             if connection is not None:
                 connection.close()
             if reused and not isinstance(exc, TimeoutError):
-                return self._get_once(key, path, headers)  # the server closed an idle connection
-            raise _Retry(f"connection failed: {exc}") from None
+                return self._get_once(key, path, headers, deadline)  # the server closed an idle connection
+            raise Retry(f"connection failed: {exc}") from None
         match = _ERROR_CODE.search(error)
         code = match.group(1).decode(errors="replace") if match else ""
         if response.status == 404:
             raise ObjectNotFound(key)
-        if response.status in _RETRIED_STATUS or "Throttl" in code or code == "SlowDown":
-            raise _Retry(f"HTTP {response.status} {code}".rstrip())
+        if is_transient(response.status, code):
+            raise Retry(f"HTTP {response.status} {code}".rstrip())
         raise BackendError(f"GET {key}: HTTP {response.status} {code}".rstrip())
 
-    @staticmethod
-    def _read_body(response: http.client.HTTPResponse) -> memoryview:
+    def _read_body(self, response: http.client.HTTPResponse, sock: socket.socket, deadline: float
+                   ) -> memoryview:
+        """The body, each socket read bounded by the read timeout and by the deadline."""
         length = response.length
         if length is None:  # chunked transfer: no length to read into
             return memoryview(response.read())
         body = memoryview(np.empty(length, dtype=np.uint8))
         received = 0
         while received < length:
+            sock.settimeout(time_left(deadline, self.settings.read_timeout))
             count = response.readinto(body[received:])
             if not count:
                 raise http.client.IncompleteRead(bytes(0), length - received)
@@ -137,8 +144,8 @@ class ObjectGetter:
         with self._lock:
             return self._idle.pop() if self._idle else None
 
-    def _connect(self) -> http.client.HTTPConnection:
-        timeout = self.settings.connect_timeout
+    def _connect(self, deadline: float) -> http.client.HTTPConnection:
+        timeout = time_left(deadline, self.settings.connect_timeout)
         if self._https:
             connection: http.client.HTTPConnection = http.client.HTTPSConnection(
                 self._host, self._port, timeout=timeout, context=self._ssl_context)
@@ -146,7 +153,6 @@ class ObjectGetter:
             connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         connection.connect()
         assert connection.sock is not None
-        connection.sock.settimeout(self.settings.read_timeout)
         connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 
@@ -165,7 +171,3 @@ class ObjectGetter:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
-
-
-class _Retry(Exception):
-    """A failure worth another attempt."""

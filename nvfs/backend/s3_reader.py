@@ -26,6 +26,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 
+from nvfs.backend.deadlines import Deadlines
 from nvfs.backend.http_get import GetterSettings, ObjectGet, ObjectGetter
 
 # Seconds the credentials looked up last are used for requests made without waiting. botocore
@@ -52,15 +53,15 @@ class ObjectReader:
     PROBE_KEY = "nvfs-url-probe"  # a key nvfs never writes
 
     def __init__(self, base_url: str, region: str, credentials: Callable[[], ReadOnlyCredentials], *,
-                 connect_timeout: float, read_timeout: float, max_attempts: int,
-                 ca_bundle: str | None = None) -> None:
+                 deadlines: Deadlines, ca_bundle: str | None = None) -> None:
         parts = urllib.parse.urlsplit(base_url)
         self._base_path = parts.path
         self._region = region
         self._credentials = credentials
         self._recent: tuple[ReadOnlyCredentials | None, float] = (None, -math.inf)  # and when
-        self._getter = ObjectGetter(GetterSettings(f"{parts.scheme}://{parts.netloc}", connect_timeout,
-                                                   read_timeout, max_attempts, ca_bundle))
+        self._getter = ObjectGetter(GetterSettings(f"{parts.scheme}://{parts.netloc}", deadlines.connect,
+                                                   deadlines.read, deadlines.attempts, ca_bundle,
+                                                   deadlines.request))
 
     @classmethod
     def base_url_of(cls, presign: Callable[[str], str]) -> str | None:
