@@ -232,3 +232,43 @@ def test_chmod_while_writing_is_durable_without_committing_the_data(mount_factor
     _assert_old_version_survived(mount, path, old)
     assert os.stat(path).st_mode & 0o777 == 0o600
 
+
+
+@pytest.fixture
+def small_store(mount_factory):
+    """A directory store on a 12 MiB tmpfs: a large write fills it."""
+    mount = mount_factory()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount.source)], check=True)
+    yield mount
+    mount.force_cleanup()
+    subprocess.run(["umount", str(mount.source)], check=True)
+
+
+def test_a_full_store_fails_the_overwrite_with_enospc_and_readers_see_the_old_version(small_store):
+    mount = small_store
+    mount.mount()
+    path = mount.path / "ckpt"
+    old = os.urandom(2 * MIB + 11)
+    path.write_bytes(old)
+    wait_until(lambda: _committed(path), "the old version is committed", timeout=30)
+    failures = set()
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        for _ in range(32):  # random bytes do not compress: 32 MiB cannot fit
+            try:
+                os.write(fd, os.urandom(MIB))
+            except OSError as exc:
+                failures.add(exc.errno)
+                break
+    finally:
+        try:
+            os.close(fd)
+        except OSError as exc:
+            failures.add(exc.errno)
+    assert failures == {errno.ENOSPC}, [os.strerror(err) for err in failures]
+    # Discarding the failed version and telling the kernel to forget it follow the last close.
+    wait_until(lambda: _committed(path) and os.stat(path).st_size == len(old),
+               "the failed version is discarded, here and in the kernel's cache", timeout=30)
+    assert path.read_bytes() == old
+    mount.remount()
+    assert path.read_bytes() == old

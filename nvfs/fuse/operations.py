@@ -66,6 +66,16 @@ def _attributes(st: Stat) -> pyfuse3.EntryAttributes:
     return attrs
 
 
+def _forget_cached(ino: int, parent_ino: int | None, name: str) -> None:
+    """Make the kernel drop its pages, attributes and directory entry of a file (blocks: call in a thread)."""
+    try:
+        pyfuse3.invalidate_inode(ino)
+        if parent_ino is not None:
+            pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
+    except OSError as exc:  # the kernel holds nothing of it (any more)
+        log.debug("invalidating inode %d: %s", ino, exc)
+
+
 def writes_direct(flags: int, created: bool) -> bool:
     """Whether a new handle is written past the page cache (FUSE ``direct_io``).
 
@@ -90,7 +100,7 @@ class Operations(pyfuse3.Operations):
     def __init__(self, vfs: Vfs, direct_writes: bool = True) -> None:
         super().__init__()
         self.vfs = vfs
-        vfs.invalidate_kernel_cache = pyfuse3.invalidate_inode
+        vfs.invalidate_kernel_cache = _forget_cached
         self._direct_writes = direct_writes
         # Page cache survives open/close only where no other mount can change a file.
         self._keep_cache = vfs.config.metadata_ttl is None

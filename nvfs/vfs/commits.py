@@ -32,9 +32,11 @@ log = logging.getLogger(__name__)
 class Committing:
     """Close, release and commit of open files (a part of :class:`Vfs`)."""
 
-    # Called (in a worker thread) with an inode whose data and attributes the kernel must
-    # drop because the file went back to its committed version; the FUSE adapter sets it.
-    invalidate_kernel_cache: Callable[[int], None] = staticmethod(lambda ino: None)
+    # Called (in a worker thread) with an inode, its parent directory's inode and its name,
+    # when the kernel must forget what it cached of the file (data, attributes, the entry)
+    # because the file went back to its committed version; the FUSE adapter sets it.
+    invalidate_kernel_cache: Callable[[int, int | None, str], None] = staticmethod(
+        lambda ino, parent_ino, name: None)
 
     async def flush(self, fh: int) -> None:
         """close(2) of one descriptor: store what was written and report a failure; commit nothing.
@@ -73,8 +75,14 @@ class Committing:
         return any(handle.writable and handle.node is node for handle in self._handles.values())
 
     def _let_go(self, node: Node) -> None:
-        """No writer is left and no commit is running: revert a failed version, drop unused contents."""
-        if self.has_writer(node) or node.background_commits:
+        """The last handle is closed and no commit is running: revert a failed version, drop the contents.
+
+        Readers still open keep reading the failed version, at the size the kernel holds for
+        it, until they close: with the writeback cache the kernel keeps its own size of an
+        open file and pads shorter replies with zeros, so the committed contents cannot be
+        shown to them.
+        """
+        if node.open_count or node.background_commits:
             return
         if node.content is not None and node.content.error is not None:
             self._discard_failed_changes(node)
@@ -108,10 +116,10 @@ class Committing:
 
         The file returns to its last committed version (a file never committed leaves the
         tree), so the mount shows what the store holds and the file can be written again.
-        Readers still open read the committed version from their next request on: the
-        failed contents are dropped, not kept for them, and the kernel is told to forget
-        the size and pages it cached of the failed version (with the writeback cache it
-        trusts its own size and would pad the committed data with zeros up to it).
+        The kernel is told to forget the failed version's pages, size and entry: it trusts
+        its own size of a file under the writeback cache, and would pad the committed
+        contents with zeros up to the failed size; once the entry is gone and no one holds
+        the file open it drops the inode and looks the file up anew.
         """
         log.error("%s: discarding changes the store did not take; the file keeps its last "
                   "committed version", node.display_path())
@@ -119,21 +127,18 @@ class Committing:
         assert content is not None
         content.dirty, content.error, content.orphaned = False, None, True
         node.meta_dirty = False
+        parent_ino = node.parent.ino if node.parent is not None else None
         if node.manifest is None and node.parent is not None and not node.unlinked:
             self._detach(node.parent, node)
         elif node.manifest is not None:
             node.take_attributes(node.manifest)
-        self._drop_content(node)
         assert self._nursery is not None
-        self._nursery.start_soon(self._invalidate, node.ino)
+        self._nursery.start_soon(self._invalidate, node.ino, parent_ino, node.name)
 
-    async def _invalidate(self, ino: int) -> None:
-        try:
-            # In a thread: with dirty pages in the writeback cache the kernel answers only
-            # after writing them to this filesystem, whose requests this thread serves.
-            await trio.to_thread.run_sync(self.invalidate_kernel_cache, ino)
-        except OSError as exc:  # the kernel no longer knows the inode: nothing is cached
-            log.debug("invalidating inode %d: %s", ino, exc)
+    async def _invalidate(self, ino: int, parent_ino: int | None, name: str) -> None:
+        # In a thread: the kernel may first write dirty pages of the file back to this
+        # filesystem, whose requests the event loop serves.
+        await trio.to_thread.run_sync(self.invalidate_kernel_cache, ino, parent_ino, name)
 
     async def commit(self, node: Node) -> None:
         """Make the file's current contents durable and visible in the store (last release, fsync)."""

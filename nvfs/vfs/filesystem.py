@@ -475,12 +475,6 @@ class Vfs(Committing):
             return
         if content.dirty and not node.unlinked:
             return  # uncommitted data stays until a commit succeeds or the mount ends
-        self._drop_content(node)
-
-    def _drop_content(self, node: Node) -> None:
-        """Let go of the file's contents; a handle still open reads the committed version anew."""
-        content = node.content
-        assert content is not None
         held = content.pinned_ids()
         self.store.unpin(held)
         committed = {ref.id for ref in node.manifest.chunks if ref} if node.manifest else set()
