@@ -267,3 +267,35 @@ def test_special_kind_round_trips_and_checks_its_type_bits():
     assert "rdev" not in json.loads(symlink.to_bytes())
     with pytest.raises(ManifestError):
         Manifest.from_bytes(Manifest("special", stat.S_IFREG | 0o644, 0, 0, 0, 0).to_bytes())
+
+
+def test_a_listing_read_concurrently_equals_one_read_in_order(mount_factory, monkeypatch):
+    """On S3 a listing reads its manifests and markers several at a time: same entries, same order."""
+    from nvfs.backend import open_backend
+    from nvfs.codec import CpuEngine
+    from nvfs.store import Store
+
+    mount = mount_factory(backend="s3")
+    template = _store_with_files(mount)
+    for n in range(40):
+        _put(mount, f"tree/d/f{n:02}", _crafted(template, mtime_ns=n))
+    for n in range(5):
+        _put(mount, f"tree/d/sub{n}/#dir", json.dumps(
+            {"nvfs": 1, "type": "dir", "mode": stat.S_IFDIR | 0o700 + n, "uid": n, "gid": 0,
+             "mtime_ns": n, "ctime_ns": n}).encode())
+    _put(mount, "tree/d/#x2f", _crafted(template))
+    _put(mount, "tree/d/bad", b"not json")
+    for name, value in mount.s3.environ().items():
+        monkeypatch.setenv(name, value)
+    store = Store.open(open_backend(mount.url, {"endpoint_url": mount.s3.endpoint_url}), CpuEngine())
+    try:
+        concurrent = store.list_dir(("d",))
+        monkeypatch.setattr(store.backend, "shared", False)  # one read after another
+        store._manifests.clear()
+        in_order = store.list_dir(("d",))
+    finally:
+        store.close()
+    assert list(concurrent.items()) == list(in_order.items())
+    assert set(concurrent) == {"good.bin", "good.txt", *(f"f{n:02}" for n in range(40)),
+                               *(f"sub{n}" for n in range(5))}
+    assert [concurrent[f"sub{n}"].uid for n in range(5)] == list(range(5))

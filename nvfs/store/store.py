@@ -18,7 +18,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chun
 from nvfs.store.disk_cache import ChunkFileCache
 from nvfs.store.fetch_pool import ChunkTarget, FetchPool, FetchProcessFailed, SentRequest
 from nvfs.store.manifest import ChunkRef, Manifest, ManifestError, default_dir_manifest
+from nvfs.store.names import DIR_MARKER, TREE_PREFIX, Path, dir_prefix, entry_key, listed_name
+from nvfs.store.names import encode_name as encode_name  # where nvfs.vfs.names imports it from
 from nvfs.store.slots import SharedSlots
 
 if TYPE_CHECKING:
@@ -40,9 +43,7 @@ log = logging.getLogger(__name__)
 STORE_FORMAT_VERSION = 3
 NEW_STORE_HASH = "blake3"
 SUPERBLOCK_KEY = "nvfs.json"
-TREE_PREFIX = "tree/"
 CHUNK_PREFIX = "chunks/"
-DIR_MARKER = "#dir"
 # Chunk (slot) size of files written by a mount without -o chunk_size. Larger chunks write
 # faster (each costs Python work, a file or a request: a 2 GiB torch.save into a directory
 # store took 3.10/3.24 s with 8 MiB, 3.46/3.55 s with 4 MiB, alternating), but a lazily read
@@ -52,8 +53,12 @@ DIR_MARKER = "#dir"
 DEFAULT_CHUNK_SIZE = 4 << 20
 _PRESENT_LIMIT = 1 << 20  # chunk ids remembered as stored, for dedup without a backend round trip
 SHARED_GC_GRACE = 3600.0  # seconds a chunk on a shared backend is safe from other mounts' collectors
+# Objects of one listing read at once from a shared (S3) backend: each GET waits on a round
+# trip, not on this machine, so a cold 20,000-file directory read one at a time took minutes.
+LISTING_READS = 16
 
-Path = Sequence[str]
+# A chunk id anywhere in a manifest's text: what GC keeps alive of a manifest it cannot parse
+_CHUNK_ID_TEXT = re.compile(rb"[0-9a-fA-F]{64}")
 
 
 class StoreError(Exception):
@@ -135,70 +140,6 @@ def _reports_backend_failures(method):
             raise StoreUnavailable(str(exc)) from exc
 
     return wrapper
-
-
-_BYTES_NAME = "#x"  # a name that is not UTF-8, as hex of its bytes (object keys must be UTF-8)
-_NAME_MAX = 255  # bytes in one path component (Linux NAME_MAX): longer names cannot be listed
-# A chunk id anywhere in a manifest's text: what GC keeps alive of a manifest it cannot parse
-_CHUNK_ID_TEXT = re.compile(rb"[0-9a-fA-F]{64}")
-
-
-def encode_name(name: str) -> str:
-    """Key component for a file name (a str with surrogate escapes for non-UTF-8 bytes).
-
-    Names starting with ``#`` get one more ``#``, keeping single-``#`` components for nvfs.
-    """
-    try:
-        name.encode()
-    except UnicodeEncodeError:
-        return _BYTES_NAME + name.encode(errors="surrogateescape").hex()
-    return "#" + name if name.startswith("#") else name
-
-
-class BadName(ValueError):
-    """A key component that does not decode to one file name."""
-
-
-def decode_name(component: str) -> str | None:
-    """File name for a key component, or ``None`` for reserved components such as ``#dir``.
-
-    Raises :class:`BadName` for a component that decodes to no single path component (empty,
-    ``.``, ``..``, holding ``/`` or NUL, or longer than NAME_MAX): keys come from the store,
-    which anyone who can write to it may fill with such names.
-    """
-    if component.startswith("##"):
-        name = component[1:]
-    elif component.startswith(_BYTES_NAME):
-        try:
-            name = bytes.fromhex(component[len(_BYTES_NAME):]).decode(errors="surrogateescape")
-        except ValueError:
-            raise BadName(f"{component!r:.300} is not hex after {_BYTES_NAME}") from None
-    elif component.startswith("#"):
-        return None
-    else:
-        name = component
-    if name in ("", ".", "..") or "/" in name or "\0" in name:
-        raise BadName(f"{component!r:.300} decodes to {name!r:.300}, which is not a file name")
-    if len(name.encode(errors="surrogateescape")) > _NAME_MAX:
-        raise BadName(f"{component!r:.300} decodes to a name longer than {_NAME_MAX} bytes")
-    return name
-
-
-def _entry_name(prefix: str, component: str) -> str | None:
-    """The name of a listed component; ``None`` (logged, if it is bad) where it is not an entry."""
-    try:
-        return decode_name(component)
-    except BadName as exc:
-        log.error("skipping %s: %s", prefix + component, exc)
-        return None
-
-
-def entry_key(path: Path) -> str:
-    return TREE_PREFIX + "/".join(encode_name(name) for name in path)
-
-
-def dir_prefix(path: Path) -> str:
-    return entry_key(path) + "/" if path else TREE_PREFIX
 
 
 class _SharedExclusiveLock:
@@ -326,6 +267,7 @@ class Store:
         self._namespace_moves = 0
         self._present = KnownChunks()
         self._manifests: dict[str, tuple[str, Manifest]] = {}  # key -> (version, manifest) last listed
+        self._listing_pool: ThreadPoolExecutor | None = None  # made by the first listing that needs it
         # Write processes code with the CPU engine and write files: a directory store's only.
         root = backend.files_root()
         self.write_pool: FetchPool | None = None
@@ -668,36 +610,56 @@ class Store:
 
     @_reports_backend_failures
     def list_dir(self, path: Path) -> dict[str, Manifest]:
-        """Every entry of a directory with its manifest. Unreadable manifests are logged, skipped."""
+        """Every entry of a directory with its manifest. Bad names and manifests are logged, skipped.
+
+        On a shared backend the manifests and markers are read :data:`LISTING_READS` at a
+        time; the result is the same as reading them one by one.
+        """
         prefix = dir_prefix(path)
         objects, prefixes = self.backend.list_dir(prefix)
+        files = [(name, component, version) for component, version in objects.items()
+                 if (name := listed_name(prefix, component)) is not None]
+        dirs = [(name, component) for component in prefixes
+                if (name := listed_name(prefix, component)) is not None]
+        file_metas = self._read_all(lambda item: self._listed_file(prefix, item[1], item[2]), files)
+        dir_metas = self._read_all(lambda item: self._listed_dir(path, prefix, *item), dirs)
         entries: dict[str, Manifest] = {}
-        for component, version in objects.items():
-            name = _entry_name(prefix, component)
-            if name is None:
-                continue
-            try:
-                meta = self._manifest(prefix + component, version)
-            except (ManifestError, ObjectNotFound) as exc:
-                log.error("skipping %s: %s", prefix + component, exc)
-                continue
-            if meta.kind == "dir":  # a directory is a prefix with a marker, never an object
-                log.error("skipping %s: a directory manifest outside a #dir marker", prefix + component)
-                continue
-            entries[name] = meta
-        for component in prefixes:
-            name = _entry_name(prefix, component)
-            if name is None:
-                continue
-            meta = self._dir_marker((*path, name))
-            if meta is None:
-                # A directory another tool made (keys only), or a prefix an object store
-                # still lists after its last object went: only the first kind is real.
-                if not self.backend.has_objects(prefix + component + "/"):
-                    continue
-                meta = default_dir_manifest(time.time_ns())
-            entries[name] = meta
+        for (name, *_rest), meta in zip([*files, *dirs], [*file_metas, *dir_metas], strict=True):
+            if meta is not None:
+                entries[name] = meta
         return entries
+
+    def _read_all(self, read: Callable, items: Sequence) -> Iterable:
+        """``map(read, items)``, on a shared backend by up to :data:`LISTING_READS` threads."""
+        if not self.backend.shared or len(items) < 2:
+            return map(read, items)
+        with self._lock:
+            if self._listing_pool is None:
+                self._listing_pool = ThreadPoolExecutor(LISTING_READS, thread_name_prefix="nvfs-list")
+        return self._listing_pool.map(read, items)
+
+    def _listed_file(self, prefix: str, component: str, version: str) -> Manifest | None:
+        """The manifest of a listed object; ``None`` (logged) where it is no usable entry."""
+        try:
+            meta = self._manifest(prefix + component, version)
+        except (ManifestError, ObjectNotFound) as exc:
+            log.error("skipping %s: %s", prefix + component, exc)
+            return None
+        if meta.kind == "dir":  # a directory is a prefix with a marker, never an object
+            log.error("skipping %s: a directory manifest outside a #dir marker", prefix + component)
+            return None
+        return meta
+
+    def _listed_dir(self, path: Path, prefix: str, name: str, component: str) -> Manifest | None:
+        """Attributes of a listed sub-prefix; ``None`` where it is no directory (any more)."""
+        meta = self._dir_marker((*path, name))
+        if meta is None:
+            # A directory another tool made (keys only), or a prefix an object store
+            # still lists after its last object went: only the first kind is real.
+            if not self.backend.has_objects(prefix + component + "/"):
+                return None
+            meta = default_dir_manifest(time.time_ns())
+        return meta
 
     def _manifest(self, key: str, version: str) -> Manifest:
         """A listed manifest, read again only if its version changed since the last listing."""
@@ -799,4 +761,6 @@ class Store:
     def close(self) -> None:
         for pool in self.process_pools():
             pool.close()
+        if self._listing_pool is not None:
+            self._listing_pool.shutdown()
         self.backend.close()
