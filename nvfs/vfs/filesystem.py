@@ -36,7 +36,7 @@ from nvfs.vfs.commits import Committing
 from nvfs.vfs.content import FileContent, Slot, SlotBuffer
 from nvfs.vfs.errors import VfsError, store_errno
 from nvfs.vfs.names import SPECIAL_TYPES, check_moved_tree, check_new_path, inherited
-from nvfs.vfs.node import Node, Stat
+from nvfs.vfs.node import Node, Stat, locked
 
 log = logging.getLogger(__name__)
 
@@ -282,10 +282,11 @@ class Vfs(Committing):
             if not self.has_writer(node):
                 await self._commit_locked(node)  # truncate(1), chmod: durable when they return
                 self._release_content(node)
-            elif size is None:
-                await self._commit_attributes_locked(node)
-            # A size change while the file is open for writing (ftruncate, the kernel's
-            # truncate for O_TRUNC) is part of the version being written, committed with it.
+            elif (mode, uid, gid) != (None, None, None):
+                await self._commit_attributes_locked(node)  # chmod, chown: durable now
+            # A size or time change while the file is open for writing (ftruncate, the
+            # kernel's truncate for O_TRUNC, the times it keeps under the writeback cache) is
+            # part of the version being written, committed with it.
         return node.stat()
 
     # ----- namespace -----------------------------------------------------------------
@@ -400,17 +401,42 @@ class Vfs(Committing):
     async def rename(self, old_parent_ino: int, old_name: str, new_parent_ino: int, new_name: str,
                      *, noreplace: bool = False) -> None:
         old_parent, new_parent = self.node(old_parent_ino), self.node(new_parent_ino)
+        while True:
+            node, target = await self._rename_operands(old_parent, old_name, new_parent, new_name, noreplace)
+            if target is node:
+                return
+            # A commit stores a file's manifest under the path the file had when it began:
+            # holding the locks of both files keeps their paths still until it has finished.
+            async with locked(node, target):
+                if (old_parent.children or {}).get(old_name) is node and \
+                        (new_parent.children or {}).get(new_name) is target:
+                    await self._move(node, target, new_parent, new_name)
+                    break
+            # Another request changed either name while this one waited: look again.
+        now = time.time_ns()
+        node.ctime_ns = now
+        for parent in dict.fromkeys((old_parent, new_parent)):
+            parent.mtime_ns = parent.ctime_ns = now
+            await self._store_directory_times(parent)
+
+    async def _rename_operands(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str,
+                               noreplace: bool) -> tuple[Node, Node | None]:
+        """The entry to move and the one it replaces, once the rename is known to be allowed."""
         node = (await self.children(old_parent)).get(old_name)
         if node is None:
             raise VfsError(errno.ENOENT)
         check_moved_tree(self.store, node, (*new_parent.path(), new_name))
-        new_children = await self.children(new_parent)
-        target = new_children.get(new_name)
-        if target is node:
-            return
-        self._check_rename(node, new_parent, target, noreplace)
-        if target is not None and target.is_dir and await self.children(target):
-            raise VfsError(errno.ENOTEMPTY)
+        target = (await self.children(new_parent)).get(new_name)
+        if target is not node:
+            self._check_rename(node, new_parent, target, noreplace)
+            if target is not None and target.is_dir and await self.children(target):
+                raise VfsError(errno.ENOTEMPTY)
+        return node, target
+
+    async def _move(self, node: Node, target: Node | None, new_parent: Node, new_name: str) -> None:
+        """Move ``node`` to ``new_name`` in ``new_parent``, in the store and then in the tree."""
+        old_parent = node.parent
+        assert old_parent is not None and old_parent.children is not None and new_parent.children is not None
         old_path, new_path = node.path(), (*new_parent.path(), new_name)
         if node.is_dir or node.kind == "symlink" or node.manifest is not None:
             await self._run(self.store.rename_entry, old_path, new_path, node.kind)
@@ -418,16 +444,10 @@ class Vfs(Committing):
             await self._run(self.store.delete_entry, new_path, target.kind)
         if target is not None:
             self._detach(new_parent, target)
-        assert old_parent.children is not None
-        del old_parent.children[old_name]
+        del old_parent.children[node.name]
         node.parent, node.name = new_parent, new_name
         node.changed_at = trio.current_time()
-        new_children[new_name] = node
-        now = time.time_ns()
-        node.ctime_ns = now
-        for parent in dict.fromkeys((old_parent, new_parent)):
-            parent.mtime_ns = parent.ctime_ns = now
-            await self._store_directory_times(parent)
+        new_parent.children[new_name] = node
 
     async def _store_directory_times(self, directory: Node) -> None:
         """Persist a directory's attributes (its marker) after a rename changed its times.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import stat
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import trio
@@ -24,13 +26,14 @@ class Stat:
     blocks: int
     mtime_ns: int
     ctime_ns: int
+    rdev: int = 0
 
 
 class Node:
-    """A file, directory or symlink.
+    """A file, directory, symlink or special file (fifo, socket, device: attributes only).
 
-    ``manifest`` is the last committed version of a file (``None`` until the first
-    commit); ``content`` exists while the file is open or holds uncommitted data.
+    ``manifest`` is the last committed version of a file or special file (``None`` until
+    the first commit); ``content`` exists while the file is open or holds uncommitted data.
     ``children`` of a directory is ``None`` until the directory is first listed.
     """
 
@@ -45,7 +48,9 @@ class Node:
         self.mtime_ns = meta.mtime_ns
         self.ctime_ns = meta.ctime_ns
         self.target = meta.target
-        self.manifest: Manifest | None = meta if (committed and meta.kind == "file") else None
+        self.rdev = meta.rdev
+        # A special file's manifest is kept too: it says that the store holds the node.
+        self.manifest: Manifest | None = meta if (committed and meta.kind in ("file", "special")) else None
         self.content: FileContent | None = None
         self.children: dict[str, Node] | None = {} if not committed and meta.kind == "dir" else None
         self.lookups = 0
@@ -93,7 +98,7 @@ class Node:
         nlink = 0 if self.unlinked else 1  # 1 for directories too: 'unknown' to find(1)
         blocks = -(-self.stored_size() // 512) if self.kind == "file" else 0
         return Stat(self.ino, self.mode, nlink, self.uid, self.gid, self.size(), blocks,
-                    self.mtime_ns, self.ctime_ns)
+                    self.mtime_ns, self.ctime_ns, self.rdev)
 
     def is_busy(self) -> bool:
         """Whether local state (open files, uncommitted data) must win over the store's."""
@@ -103,13 +108,14 @@ class Node:
         """Adopt attributes (and, for a file, the content map) committed elsewhere."""
         self.mode, self.uid, self.gid = meta.mode, meta.uid, meta.gid
         self.mtime_ns, self.ctime_ns, self.target = meta.mtime_ns, meta.ctime_ns, meta.target
-        if self.kind == "file":
+        self.rdev = meta.rdev
+        if self.kind in ("file", "special"):
             self.manifest = meta
 
     def to_manifest(self) -> Manifest:
         """The manifest that persists this node's current attributes (and content map)."""
         meta = Manifest(self.kind, self.mode, self.uid, self.gid, self.mtime_ns, self.ctime_ns,
-                        target=self.target)
+                        target=self.target, rdev=self.rdev)
         if self.kind == "file" and self.content is not None:
             meta.size = self.content.size
             meta.chunk_size = self.content.chunk_size
@@ -120,6 +126,21 @@ class Node:
         return meta
 
     def set_type_bits(self) -> None:
-        """Keep the file-type bits in ``mode`` consistent with ``kind``."""
+        """Keep the file-type bits in ``mode`` consistent with ``kind``.
+
+        A special file's type (fifo, socket, character or block device) lives only in its
+        mode, which the manifest checks already held to one of those four.
+        """
+        if self.kind == "special":
+            return
         kind_bits = {"file": stat.S_IFREG, "dir": stat.S_IFDIR, "symlink": stat.S_IFLNK}[self.kind]
         self.mode = kind_bits | stat.S_IMODE(self.mode)
+
+
+@contextlib.asynccontextmanager
+async def locked(*nodes: Node | None) -> AsyncIterator[None]:
+    """Hold the locks of several nodes, taken in inode order so that two holders cannot deadlock."""
+    async with contextlib.AsyncExitStack() as stack:
+        for node in sorted({node for node in nodes if node is not None}, key=lambda node: node.ino):
+            await stack.enter_async_context(node.lock)
+        yield
