@@ -215,13 +215,14 @@ def test_bad_manifests_cost_only_their_own_entry(mount_factory, backend):
         _put(mount, f"tree/d/{name}", blob)
     # A declared size far beyond the data is legal (a sparse file): it lists with that size.
     _put(mount, "tree/d/sparse", _crafted(template, size=10**15))
+    _put(mount, "tree/d/holes", _crafted(template, chunks=[*template["chunks"], None, None]))  # legal too
 
     mount.mount()
     listed = set(os.listdir(mount.path / "d"))
     sparse_size = os.stat(mount.path / "d" / "sparse").st_size
     _assert_good_files_intact(mount)
     mount.umount()
-    assert listed == {"good.bin", "good.txt", "sparse"}
+    assert listed == {"good.bin", "good.txt", "sparse", "holes"}
     assert sparse_size == 10**15
     log = mount.log()
     for name in bad:

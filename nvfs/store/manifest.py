@@ -166,14 +166,18 @@ class Manifest:
         """Raise :class:`ManifestError` unless type bits, size, slot size and chunks agree."""
         if stat.S_IFMT(self.mode) not in _TYPE_BITS[self.kind]:
             raise ManifestError(f"mode {self.mode:o} does not fit entry type {self.kind}")
-        if not self.chunks:
-            return
-        if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
+        # 0: no slot size of its own (a file of holes only); the mount's applies
+        if self.chunk_size and not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
             raise ManifestError(f"chunk_size {self.chunk_size} is outside "
                                 f"[{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+        stored = [index for index, ref in enumerate(self.chunks) if ref is not None]
+        if not stored:
+            return  # holes only: trailing holes are what readers assume anyway
+        if not self.chunk_size:
+            raise ManifestError("chunks without a chunk_size")
         needed = -(-self.size // self.chunk_size)
-        if len(self.chunks) > needed:
-            raise ManifestError(f"{len(self.chunks)} chunks for {self.size} bytes "
+        if stored[-1] >= needed:
+            raise ManifestError(f"chunk {stored[-1]} lies past the end of {self.size} bytes "
                                 f"in slots of {self.chunk_size}")
         for ref in self.chunks:
             if ref is not None and ref.length > self.chunk_size:
