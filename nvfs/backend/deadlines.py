@@ -50,6 +50,10 @@ class Retry(Exception):
     """A failure worth another attempt (its message says what happened)."""
 
 
+class RequestFailed(BackendError):
+    """Every attempt a request had time or leave for failed in a way worth another (no answer, 5xx)."""
+
+
 @dataclass(frozen=True)
 class Deadlines:
     """The bounds on one request (see the module's docstring); seconds, and attempts at most."""
@@ -86,8 +90,8 @@ def with_retries(what: str, deadlines: Deadlines, attempt: Callable[[float], T],
         delay = random.uniform(0, min(BACKOFF_CAP, _BACKOFF_BASE * 2 ** (number - 1)))
         if number == deadlines.attempts or time.monotonic() + delay + needed >= deadline:
             spent = time.monotonic() - started
-            raise BackendError(f"{what}: {reason} (after {number} attempts in {spent:.1f} s; "
-                               f"request_timeout {deadlines.request:g} s)")
+            raise RequestFailed(f"{what}: {reason} (after {number} attempts in {spent:.1f} s; "
+                                f"request_timeout {deadlines.request:g} s)")
         time.sleep(delay)
     raise AssertionError("unreachable")
 

@@ -14,6 +14,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from nvfs.backend.base import BackendError, ObjectNotFound
 from nvfs.backend.deadlines import (
     DEFAULT_REQUEST_TIMEOUT,
     Deadlines,
+    RequestFailed,
     Retry,
     is_transient,
     time_left,
@@ -79,6 +81,9 @@ class ObjectGetter:
         self._ssl_context = ssl.create_default_context(cafile=settings.ca_bundle) if self._https else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+        self._heard = time.monotonic()  # when the server last answered anything
+        self._silent: str | None = None  # why the server is taken for silent; None while it answers
+        self._probe_at = 0.0  # when a GET may next ask a silent server
 
     def get(self, key: str, path: str, headers: dict[str, str]) -> memoryview:
         """The whole object at ``path`` (``key`` names it in errors), sent with ``headers``.
@@ -86,9 +91,46 @@ class ObjectGetter:
         Every wait (connect, each socket read) is cut to what is left of the request's
         deadline, so a server that stops answering fails the GET by then. Signed headers stay
         valid for minutes, longer than any deadline the options allow.
+
+        A GET that failed every attempt while the server answered nothing at all for
+        ``read_timeout`` marks the server silent: GETs then fail at once, but for one probe
+        every ``read_timeout``, until it answers again. Why: a reader retries a failed read
+        straight away, behind the read-ahead's GETs, and each of them would otherwise wait out
+        its own deadline on a server that is not there (a frozen server answered a reader's
+        EIO after four deadlines instead of one).
         """
-        return with_retries(f"GET {key}", self.settings.deadlines,
-                            lambda deadline: self._get_once(key, path, headers, deadline), clipped=True)
+        self._wait_for_a_probe(key)
+        try:
+            return with_retries(f"GET {key}", self.settings.deadlines,
+                                lambda deadline: self._get_once(key, path, headers, deadline), clipped=True)
+        except RequestFailed as failure:
+            self._note_silence(str(failure))
+            raise
+
+    def _wait_for_a_probe(self, key: str) -> None:
+        """Fail at once while the server is silent, unless it is time to ask it again."""
+        with self._lock:
+            if self._silent is None:
+                return
+            now = time.monotonic()
+            if now >= self._probe_at:
+                self._probe_at = now + self.settings.read_timeout
+                return
+            silent_for = now - self._heard
+        raise RequestFailed(f"GET {key}: the server has answered nothing for {silent_for:.0f} s "
+                            f"(last failure: {self._silent}); asked again soon")
+
+    def _note_silence(self, why: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._heard >= self.settings.read_timeout and self._silent is None:
+                self._silent = why
+                self._probe_at = now + self.settings.read_timeout
+
+    def _note_answer(self) -> None:
+        with self._lock:
+            self._heard = time.monotonic()
+            self._silent = None
 
     def _get_once(self, key: str, path: str, headers: dict[str, str], deadline: float) -> memoryview:
         connection = self._idle_connection()
@@ -100,6 +142,7 @@ class ObjectGetter:
             connection.sock.settimeout(time_left(deadline, self.settings.read_timeout))
             connection.request("GET", path, headers=headers)
             response = connection.getresponse()
+            self._note_answer()
             if response.status == 200:
                 body = self._read_body(response, connection.sock, deadline)
                 self._release(connection, response)
