@@ -1,0 +1,102 @@
+"""Directory renames on S3: whole after a crash (the intent is finished at the next mount).
+
+S3 has no rename; a directory's objects are copied, then deleted. These kill the daemon in
+the middle of one, or plant intents in the bucket, and check what the next mount makes of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+from tests.conftest import wait_until, wait_until_dead
+
+FILES = 300
+
+
+def _contents(index: int) -> bytes:
+    return f"file {index}\n".encode() * (index % 7 + 1)
+
+
+def _kill_and_clean_up(mount) -> None:
+    pid = mount.daemon_pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_until_dead(pid, 30, "SIGKILL")
+    result = subprocess.run(["fusermount3", "-u", "-z", str(mount.mountpoint)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, f"fusermount3 -u -z failed: {result.stderr}"
+
+
+def test_kill_during_directory_rename_finishes_it_at_the_next_mount(mount_factory):
+    mount = mount_factory(backend="s3")
+    mount.mount()
+    source = mount.path / "dirA"
+    source.mkdir()
+    for index in range(FILES):
+        (source / f"f{index:03d}").write_bytes(_contents(index))
+    assert len(mount.keys("tree/dirA/")) == FILES + 1  # the files and the directory's own object
+
+    mover = subprocess.Popen(["mv", str(source), str(mount.path / "dirB")], stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: mount.keys("tree/dirB/"), "some objects are copied to dirB", timeout=60)
+        _kill_and_clean_up(mount)
+    finally:
+        mover.wait(timeout=60)
+    assert mount.keys("tree/dirA/"), "the daemon was killed only after the rename was over"
+
+    mount.mount()
+    assert sorted(os.listdir(mount.path)) == ["dirB"]
+    assert sorted(os.listdir(mount.path / "dirB")) == [f"f{index:03d}" for index in range(FILES)]
+    for index in range(FILES):
+        assert (mount.path / "dirB" / f"f{index:03d}").read_bytes() == _contents(index)
+    assert mount.keys("tree/dirA/") == []
+    assert mount.keys("journal/") == []
+    assert "finishing an interrupted rename of tree/dirA/ to tree/dirB/" in mount.log()
+
+
+def test_bad_intents_are_left_alone(mount_factory):
+    mount = mount_factory(backend="s3")
+    mount.mount()
+    (mount.path / "keep").mkdir()
+    (mount.path / "keep" / "data").write_bytes(b"precious")
+    mount.umount()
+    bad = {
+        "journal/rename-" + "1" * 32: b"{not json",
+        "journal/rename-" + "2" * 32: json.dumps({"op": "rename_prefix", "src": "tree/keep/",
+                                                  "dst": "chunks/"}).encode(),
+        "journal/rename-" + "3" * 32: json.dumps({"op": "rename_prefix", "src": "tree/keep/",
+                                                  "dst": "tree/keep/inner/"}).encode(),
+        "journal/rename-" + "4" * 32: json.dumps({"op": "rename_prefix", "src": "tree/../x/",
+                                                  "dst": "tree/y/"}).encode(),
+        "journal/rename-" + "5" * 32: b"[]",
+        "journal/other": json.dumps({"op": "rename_prefix", "src": "tree/keep/", "dst": "tree/gone/"}).encode(),
+    }
+    for key, data in bad.items():
+        mount.write_object(key, data)
+    mount.mount()
+    assert sorted(os.listdir(mount.path)) == ["keep"]
+    assert (mount.path / "keep" / "data").read_bytes() == b"precious"
+    assert mount.keys("journal/") == sorted(bad)
+    log = mount.log()
+    for key in bad:
+        assert f"{key} is not a rename intent nvfs can follow" in log
+
+
+def test_a_planted_intent_is_finished(mount_factory):
+    """An intent whose move had not begun (a crash right after writing it) is carried out."""
+    mount = mount_factory(backend="s3")
+    mount.mount()
+    (mount.path / "old").mkdir()
+    (mount.path / "old" / "a").write_bytes(b"alpha")
+    (mount.path / "old" / "sub").mkdir()
+    (mount.path / "old" / "sub" / "b").write_bytes(b"beta")
+    mount.umount()
+    mount.write_object("journal/rename-" + "a" * 32,
+                       json.dumps({"op": "rename_prefix", "src": "tree/old/", "dst": "tree/new/"}).encode())
+    mount.mount()
+    assert sorted(os.listdir(mount.path)) == ["new"]
+    assert (mount.path / "new" / "a").read_bytes() == b"alpha"
+    assert (mount.path / "new" / "sub" / "b").read_bytes() == b"beta"
+    assert mount.keys("journal/") == []
