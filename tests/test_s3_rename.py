@@ -20,6 +20,10 @@ def _contents(index: int) -> bytes:
     return f"file {index}\n".encode() * (index % 7 + 1)
 
 
+def _intent(src: str, dst: str) -> bytes:
+    return json.dumps({"op": "rename_prefix", "src": src, "dst": dst}).encode()
+
+
 def _kill_and_clean_up(mount) -> None:
     pid = mount.daemon_pid()
     os.kill(pid, signal.SIGKILL)
@@ -64,14 +68,11 @@ def test_bad_intents_are_left_alone(mount_factory):
     mount.umount()
     bad = {
         "journal/rename-" + "1" * 32: b"{not json",
-        "journal/rename-" + "2" * 32: json.dumps({"op": "rename_prefix", "src": "tree/keep/",
-                                                  "dst": "chunks/"}).encode(),
-        "journal/rename-" + "3" * 32: json.dumps({"op": "rename_prefix", "src": "tree/keep/",
-                                                  "dst": "tree/keep/inner/"}).encode(),
-        "journal/rename-" + "4" * 32: json.dumps({"op": "rename_prefix", "src": "tree/../x/",
-                                                  "dst": "tree/y/"}).encode(),
+        "journal/rename-" + "2" * 32: _intent("tree/keep/", "chunks/"),
+        "journal/rename-" + "3" * 32: _intent("tree/keep/", "tree/keep/inner/"),
+        "journal/rename-" + "4" * 32: _intent("tree/../x/", "tree/y/"),
         "journal/rename-" + "5" * 32: b"[]",
-        "journal/other": json.dumps({"op": "rename_prefix", "src": "tree/keep/", "dst": "tree/gone/"}).encode(),
+        "journal/other": _intent("tree/keep/", "tree/gone/"),
     }
     for key, data in bad.items():
         mount.write_object(key, data)
@@ -93,8 +94,7 @@ def test_a_planted_intent_is_finished(mount_factory):
     (mount.path / "old" / "sub").mkdir()
     (mount.path / "old" / "sub" / "b").write_bytes(b"beta")
     mount.umount()
-    mount.write_object("journal/rename-" + "a" * 32,
-                       json.dumps({"op": "rename_prefix", "src": "tree/old/", "dst": "tree/new/"}).encode())
+    mount.write_object("journal/rename-" + "a" * 32, _intent("tree/old/", "tree/new/"))
     mount.mount()
     assert sorted(os.listdir(mount.path)) == ["new"]
     assert (mount.path / "new" / "a").read_bytes() == b"alpha"
