@@ -9,10 +9,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pyfuse3
 import trio
 
+from nvfs.backend.directory import OBJECT_MODE, make_private_dirs
 from nvfs.fuse import Operations
 from nvfs.gil import hand_over_quickly
 from nvfs.heap import release_free_heap, tune_heap
@@ -92,10 +94,26 @@ def default_log_file(mountpoint: str) -> str:
     return os.path.join(base, f"{name}.log")
 
 
+def _create_private_log(log_file: str) -> None:
+    """Create the log file and its missing directories for the owner only (file names are in it).
+
+    0600 and 0700 whatever the umask; a log file that exists already keeps its mode.
+    """
+    make_private_dirs(Path(log_file).absolute().parent)
+    try:
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, OBJECT_MODE)
+    except FileExistsError:
+        return
+    try:
+        os.fchmod(fd, OBJECT_MODE)
+    finally:
+        os.close(fd)
+
+
 def setup_logging(log_file: str | None, level: str) -> None:
     handler: logging.Handler
     if log_file:
-        os.makedirs(os.path.dirname(os.path.abspath(log_file)), exist_ok=True)
+        _create_private_log(log_file)
         handler = logging.FileHandler(log_file)
     else:
         handler = logging.StreamHandler(sys.stderr)

@@ -1,7 +1,8 @@
 """Directory renames on S3: whole after a crash (the intent is finished at the next mount).
 
 S3 has no rename; a directory's objects are copied, then deleted. These kill the daemon in
-the middle of one, or plant intents in the bucket, and check what the next mount makes of it.
+the middle of one, or plant intents in the bucket, and check what the next mount makes of it;
+and rename through a local stage (``-o stage_dir``), which must be private whatever the umask.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 
 from tests.conftest import wait_until, wait_until_dead
@@ -100,3 +102,43 @@ def test_a_planted_intent_is_finished(mount_factory):
     assert (mount.path / "new" / "a").read_bytes() == b"alpha"
     assert (mount.path / "new" / "sub" / "b").read_bytes() == b"beta"
     assert mount.keys("journal/") == []
+
+
+def _modes(root) -> dict[str, int]:
+    """``st_mode`` of everything under ``root`` (and of itself) that is still there."""
+    found = {}
+    for path in [root, *root.rglob("*")]:
+        try:
+            found[str(path.relative_to(root))] = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue  # uploaded and removed meanwhile
+    return found
+
+
+def test_stage_is_private_and_a_staged_directory_rename_lands_whole(mount_factory, tmp_path):
+    stage = tmp_path / "stage"
+    stage.mkdir(mode=0o755)
+    umask = os.umask(0)  # the daemon inherits it: nothing it makes may be open to others anyway
+    try:
+        mount = mount_factory(backend="s3", options=(f"stage_dir={stage}",))
+        mount.mount()
+        (mount.path / "d").mkdir()
+        for index in range(20):
+            (mount.path / "d" / f"f{index}").write_bytes(_contents(index) * 1000)
+        modes = _modes(stage)
+        os.rename(mount.path / "d", mount.path / "e")
+        mount.umount()  # uploads everything staged
+    finally:
+        os.umask(umask)
+    assert len(modes) > 3, "nothing was staged"
+    assert modes.keys() >= {".", "objects", "nvfs-stage.json"}
+    for name, mode in modes.items():
+        assert stat.S_IMODE(mode) == (0o700 if stat.S_ISDIR(mode) else 0o600), f"{name} is {mode:o}"
+    assert stat.S_IMODE(os.stat(mount.log_file).st_mode) == 0o600
+
+    assert mount.keys("tree/d/") == []
+    assert len(mount.keys("tree/e/")) == 21
+    mount.mount()
+    assert sorted(os.listdir(mount.path / "e")) == sorted(f"f{index}" for index in range(20))
+    for index in range(20):
+        assert (mount.path / "e" / f"f{index}").read_bytes() == _contents(index) * 1000

@@ -11,6 +11,8 @@ is removed locally only after its upload, so a crash at any moment leaves it in 
 place or both; the next mount with the same stage finds what is left and drains it.
 The daemon drains everything before it exits (``nvfs umount`` waits for it).
 Uploads give way to writers: they start once the stage has been quiet for a moment.
+The stage is private: its directories are 0700 and its files 0600, whatever the umask, as
+the store's own objects are.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound
-from nvfs.backend.directory import DirectoryBackend
+from nvfs.backend.directory import DIRECTORY_MODE, OBJECT_MODE, DirectoryBackend, make_private_dirs
 from nvfs.backend.http_get import ObjectGet
 
 log = logging.getLogger(__name__)
@@ -50,11 +52,16 @@ class StagedBackend(Backend):
         if not root.is_dir():
             raise BackendError(f"stage_dir {stage_dir}: no such directory")
         self._claim(root)
-        (root / "objects").mkdir(exist_ok=True)
+        make_private_dirs(root / "objects")
+        for directory in (root, root / "objects"):  # a stage made by an earlier nvfs may be open to all
+            os.chmod(directory, DIRECTORY_MODE)
         self.stage = DirectoryBackend(str(root / "objects"))
         self._cond = threading.Condition()
         self._queue: OrderedDict[str, int] = OrderedDict()  # key -> staged size, in put order
         self._uploading: set[str] = set()
+        # Prefixes a directory rename is moving in the remote store: staged objects under them
+        # wait, or the remote copy of an older version would land on top of their upload.
+        self._moving: set[str] = set()
         self._generation: dict[str, int] = {}  # bumped by every put or delete of a staged key
         self._staged_bytes = 0
         self._failures = 0
@@ -68,13 +75,17 @@ class StagedBackend(Backend):
         marker = root / STAGE_MARKER
         mine = {"remote": self.remote.describe()}
         if marker.exists():
-            owner = json.loads(marker.read_text())
+            try:
+                owner = json.loads(marker.read_text())
+            except (OSError, ValueError) as exc:
+                raise BackendError(f"stage_dir {root}: {STAGE_MARKER} is unreadable: {exc}") from None
             if owner != mine:
-                raise BackendError(f"stage_dir {root} belongs to another store ({owner.get('remote')})")
+                remote = owner.get("remote") if isinstance(owner, dict) else owner
+                raise BackendError(f"stage_dir {root} belongs to another store ({remote})")
         elif any(root.iterdir()):
             raise BackendError(f"stage_dir {root} is not empty and is not an nvfs stage")
         else:
-            marker.write_text(json.dumps(mine))
+            _write_private(marker, json.dumps(mine).encode())
 
     def describe(self) -> str:
         return self.remote.describe()
@@ -159,7 +170,13 @@ class StagedBackend(Backend):
             self.stage.rename_prefix(src, dst)
             for key in moved:
                 self._queue[dst + key[len(src):]] = self._queue.pop(key)
-        self.remote.rename_prefix(src, dst)
+            self._moving.add(dst)
+        try:
+            self.remote.rename_prefix(src, dst)
+        finally:
+            with self._cond:
+                self._moving.discard(dst)
+                self._cond.notify_all()
 
     def sync(self) -> None:
         self.stage.sync()
@@ -208,7 +225,7 @@ class StagedBackend(Backend):
     def _next_upload(self) -> str | None:
         """The first queued key that may go now: a chunk, or anything with nothing before it."""
         for position, key in enumerate(self._queue):
-            if key in self._uploading:
+            if key in self._uploading or any(key.startswith(prefix) for prefix in self._moving):
                 continue
             if key.startswith(_CHUNKS) or (position == 0 and not self._uploading):
                 return key
@@ -276,3 +293,13 @@ class StagedBackend(Backend):
             thread.join()
         self.stage.close()
         self.remote.close()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Create the file ``path`` holding ``data``, readable by its owner only whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE)
+    try:
+        os.fchmod(fd, OBJECT_MODE)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
