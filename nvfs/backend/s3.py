@@ -131,7 +131,9 @@ class S3Backend(Backend):
                 raise BackendError(f"{self.url}: bucket {self.bucket!r} does not exist") from None
             if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
                 raise BackendError(f"{self.url}: access denied (check the credentials)") from None
-            raise BackendError(f"{self.url}: cannot reach the bucket: {exc}") from None
+            if code:
+                raise BackendError(f"{self.url}: {code}") from None
+            raise BackendError(f"{self.url}: cannot reach the endpoint: {exc}") from None
 
     def _call(self, method: Callable[..., Any], operation: str, key: str, **arguments: Any) -> Any:
         """``method(**arguments)`` within the request's deadline, retried as the deadlines allow."""
