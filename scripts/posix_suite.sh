@@ -140,7 +140,7 @@ for name in "$@"; do
     fi
     alive || mount_store
     mkdir -p "$mnt/suite-$name"
-    (cd "$mnt/suite-$name" && prove -r "$build/tests/$name") >>"$workdir/prove.log" 2>&1 || true
+    (cd "$mnt/suite-$name" && prove -rv "$build/tests/$name") >>"$workdir/prove.log" 2>&1 || true
     alive || died+=("$name")
 done
 

@@ -137,3 +137,21 @@ def test_rename_moves_both_directories_times_and_they_persist(mounted):
     mounted.remount()  # directory markers keep a directory's times
     assert _times(source) == in_place
     assert _times(target) == target_after
+
+
+def test_rename_and_unlink_right_after_close_hold_across_a_remount(mounted):
+    """The commit of a closed file runs after close(2) returns; a rename or unlink just after must win."""
+    for index in range(10):
+        (mounted.path / f"written{index}").write_bytes(b"w%d" % index)
+        os.rename(mounted.path / f"written{index}", mounted.path / f"renamed{index}")
+        (mounted.path / f"doomed{index}").write_bytes(b"d")
+        os.unlink(mounted.path / f"doomed{index}")
+    (mounted.path / "staging").mkdir()
+    for index in range(10):
+        (mounted.path / "staging" / f"part{index}").write_bytes(b"p%d" % index)
+    os.rename(mounted.path / "staging", mounted.path / "final")
+    mounted.remount()
+    assert sorted(os.listdir(mounted.path)) == sorted(["final", *(f"renamed{index}" for index in range(10))])
+    for index in range(10):
+        assert (mounted.path / f"renamed{index}").read_bytes() == b"w%d" % index
+        assert (mounted.path / "final" / f"part{index}").read_bytes() == b"p%d" % index

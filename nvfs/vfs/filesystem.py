@@ -35,7 +35,14 @@ from nvfs.vfs.cache import ChunkCache, ChunkDropper
 from nvfs.vfs.commits import Committing
 from nvfs.vfs.content import FileContent, Slot, SlotBuffer
 from nvfs.vfs.errors import VfsError, store_errno
-from nvfs.vfs.names import SPECIAL_TYPES, check_moved_tree, check_new_path, inherited
+from nvfs.vfs.names import (
+    SPECIAL_TYPES,
+    check_moved_tree,
+    check_name_length,
+    check_new_path,
+    inherited,
+    listed_below,
+)
 from nvfs.vfs.node import Node, Stat, locked
 
 log = logging.getLogger(__name__)
@@ -233,6 +240,7 @@ class Vfs(Committing):
             return parent
         if name == "..":
             return parent.parent or parent
+        check_name_length(name)
         node = (await self.children(parent)).get(name)
         if node is None:
             raise VfsError(errno.ENOENT)
@@ -367,10 +375,17 @@ class Vfs(Committing):
         await self._remove(parent, node)
 
     async def _remove(self, parent: Node, node: Node) -> None:
-        """Take ``node`` out of the namespace, durably; open files keep their contents."""
-        if node.is_dir or node.kind == "symlink" or node.manifest is not None:
-            await self._run(self.store.delete_entry, node.path(), node.kind)
-        self._detach(parent, node)
+        """Take ``node`` out of the namespace, durably; open files keep their contents.
+
+        Under the node's lock: a commit in flight finishes first (and its manifest is deleted
+        here); one that begins later finds the node unlinked and stores nothing.
+        """
+        async with node.lock:
+            if node.unlinked or node.parent is not parent:
+                raise VfsError(errno.ENOENT)  # a concurrent unlink or rename came first
+            if node.is_dir or node.kind == "symlink" or node.manifest is not None:
+                await self._run(self.store.delete_entry, node.path(), node.kind)
+            self._detach(parent, node)
 
     @staticmethod
     def _unchanged(node: Node, meta: Manifest) -> bool:
@@ -406,8 +421,9 @@ class Vfs(Committing):
             if target is node:
                 return
             # A commit stores a file's manifest under the path the file had when it began:
-            # holding the locks of both files keeps their paths still until it has finished.
-            async with locked(node, target):
+            # holding the locks of both files, and of the files below a directory that have
+            # something to commit, keeps their paths still until it has finished.
+            async with locked(node, target, *(below for below in listed_below(node) if below.is_busy())):
                 if (old_parent.children or {}).get(old_name) is node and \
                         (new_parent.children or {}).get(new_name) is target:
                     await self._move(node, target, new_parent, new_name)
@@ -422,6 +438,7 @@ class Vfs(Committing):
     async def _rename_operands(self, old_parent: Node, old_name: str, new_parent: Node, new_name: str,
                                noreplace: bool) -> tuple[Node, Node | None]:
         """The entry to move and the one it replaces, once the rename is known to be allowed."""
+        check_name_length(old_name)
         node = (await self.children(old_parent)).get(old_name)
         if node is None:
             raise VfsError(errno.ENOENT)

@@ -35,14 +35,20 @@ def entry_key_of(path: Path, kind: str) -> str:
     return dir_prefix(path) + DIR_MARKER if kind == "dir" else entry_key(path)
 
 
+def check_name_length(name: str) -> None:
+    """ENAMETOOLONG for a name longer than NAME_MAX: such a name can name nothing (ext4 answers so too)."""
+    if len(name.encode(errors="surrogateescape")) > NAME_MAX:
+        raise VfsError(errno.ENAMETOOLONG)
+
+
 def check_new_path(store: Store, path: Path, kind: str) -> None:
     """ENAMETOOLONG unless an entry of ``kind`` can be stored at ``path``.
 
     Checked before anything is stored: the backend would refuse the key (S3 with an error
     that is EIO to the caller, a directory store with ENAMETOOLONG part way through).
     """
-    name = path[-1]
-    if len(name.encode(errors="surrogateescape")) > NAME_MAX or len(encode_name(name).encode()) > NAME_MAX:
+    check_name_length(path[-1])
+    if len(encode_name(path[-1]).encode()) > NAME_MAX:
         raise VfsError(errno.ENAMETOOLONG)
     if _prefix_bytes(store) + len(entry_key_of(path, kind).encode()) > KEY_MAX:
         raise VfsError(errno.ENAMETOOLONG)
@@ -58,18 +64,18 @@ def check_moved_tree(store: Store, node: Node, new_path: Path) -> None:
     growth = len(entry_key(new_path).encode()) - len(entry_key(node.path()).encode())
     if growth <= 0 or not node.is_dir:
         return
-    longest = max((len(entry_key_of(below.path(), below.kind).encode()) for below in _listed_below(node)),
+    longest = max((len(entry_key_of(below.path(), below.kind).encode()) for below in listed_below(node)),
                   default=0)
     if longest and _prefix_bytes(store) + longest + growth > KEY_MAX:
         raise VfsError(errno.ENAMETOOLONG)
 
 
-def _listed_below(directory: Node) -> Iterator[Node]:
+def listed_below(directory: Node) -> Iterator[Node]:
     """Every entry below ``directory`` in the directories this mount has listed."""
     for child in (directory.children or {}).values():
         yield child
         if child.is_dir:
-            yield from _listed_below(child)
+            yield from listed_below(child)
 
 
 def inherited(parent: Node, mode: int, gid: int, *, is_dir: bool) -> tuple[int, int]:
