@@ -66,10 +66,10 @@ _STOP_GRACE = 5.0  # seconds a child gets to exit after its sockets close
 CHUNK_MAP_FLAGS = mmap.MAP_SHARED | mmap.MAP_POPULATE
 _FAILURES = {"missing": ObjectNotFound, "unreadable": BackendError, "corrupt": ChunkCorrupt}
 STORE_TIMEOUT = 600.0  # seconds a write process may take to store one chunk on a local disk (default)
-# Seconds a fetch process has, past its GET's deadline, to decode and verify the chunk and answer:
-# a 64 MiB chunk decodes in well under a second on one core, and a loaded machine gets room.
-# A child silent beyond that is taken for hung.
-ANSWER_MARGIN = 10.0
+# Seconds a fetch process has, past its GET's deadline, to decode and check the chunk (64 MiB
+# at most) and answer, with room for a loaded machine; a child silent beyond that is taken for
+# hung, and the daemon reads the chunk itself.
+_ANSWER_MARGIN = 10.0
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def _fetch_message(request: ObjectGet, chunk_id: str, length: int, hash_name: st
 
 def _fetch_timeout(request: ObjectGet) -> float:
     """Seconds to wait for a fetch: the child's GET fails by its deadline, and it answers then."""
-    return request.settings.request_timeout + ANSWER_MARGIN
+    return request.settings.request_timeout + _ANSWER_MARGIN
 
 
 class ChunkMaps:
