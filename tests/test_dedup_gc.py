@@ -36,6 +36,10 @@ def read_key(mount, key: str) -> bytes:
 
 
 def manifest(mount, relpath: str) -> dict:
+    """The file's manifest in the store, once the file's last close has committed it."""
+    if os.path.ismount(mount.path):  # close(2) returns before the commit that follows it
+        wait_until(lambda: os.getxattr(mount.path / relpath, "user.nvfs.committed") == b"yes",
+                   f"{relpath} is committed", timeout=30)
     parts = [("#" + part) if part.startswith("#") else part for part in Path(relpath).parts]
     return json.loads(read_key(mount, "/".join(("tree", *parts))))
 

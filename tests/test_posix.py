@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nvfs.store import DEFAULT_CHUNK_SIZE
-from tests.conftest import drop_cache
+from tests.conftest import drop_cache, wait_until
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -53,7 +53,16 @@ def has_key(mount, key: str) -> bool:
     return key in mount.keys(key) if is_s3(mount) else (mount.source / key).is_file()
 
 
+def wait_committed(path: Path) -> None:
+    """Wait for the commit that follows a file's last close (close(2) returns before it)."""
+    wait_until(lambda: os.getxattr(path, "user.nvfs.committed") == b"yes", f"{path} is committed",
+               timeout=30)
+
+
 def manifest(mount, relpath: str) -> dict:
+    """The manifest of ``relpath`` in the store, once its last close has committed it."""
+    if os.path.ismount(mount.path) and os.path.isfile(mount.path / relpath):
+        wait_committed(mount.path / relpath)
     return json.loads(read_key(mount, store_key(mount, relpath)))
 
 
@@ -966,6 +975,7 @@ def test_xattrs(mounted):
     path = mounted.path / "x"
     data = compressible(DEFAULT_CHUNK_SIZE * 3 // 2, 13)  # a chunk and a half
     path.write_bytes(data)
+    wait_committed(path)
     names = set(os.listxattr(path))
     expected = {f"user.nvfs.{key}" for key in
                 ("logical_size", "stored_size", "ratio", "codec", "engine", "chunks", "chunk_size",
@@ -991,6 +1001,7 @@ def test_xattrs(mounted):
     expect_errno(errno.ENOTSUP, os.removexattr, path, "user.nvfs.ratio")
     # random data does not compress
     (mounted.path / "r").write_bytes(randbytes(MIB, 13))
+    wait_committed(mounted.path / "r")
     assert float(os.getxattr(mounted.path / "r", "user.nvfs.ratio")) <= 1.0
     assert os.getxattr(mounted.path / "r", "user.nvfs.codec") == b"raw"
     mounted.remount()
