@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.conftest import Mount, drop_cache
+from tests.conftest import Mount, drop_cache, wait_until
 
 MIB = 1 << 20
 
@@ -64,6 +64,9 @@ def test_two_mounts_share_one_cache_dir(mount_factory, tmp_path):
     b.mount()
     data = os.urandom(9 * MIB)
     (a.path / "shared.bin").write_bytes(data)
+    # Other mounts see the file once the commit that follows its last close is done.
+    wait_until(lambda: os.getxattr(a.path / "shared.bin", "user.nvfs.committed") == b"yes",
+               "shared.bin is committed", timeout=30)
     assert (b.path / "shared.bin").read_bytes() == data
     assert sorted(_cached(cache)) == sorted(_chunk_ids(a, "shared.bin"))
     _delete_chunks_from_store(a)
