@@ -89,6 +89,7 @@ def test_setgid_directory_passes_on_its_group(mounted):
     os.chown(shared, -1, OTHER_GROUP)
     os.chmod(shared, 0o2775)
     (shared / "file").write_bytes(b"x")
+    assert os.stat(shared / "file").st_gid == OTHER_GROUP
     (shared / "sub").mkdir(mode=0o755)
     os.symlink("file", shared / "link")
     os.mkfifo(shared / "fifo")
