@@ -879,12 +879,19 @@ class Vfs(Committing):
         return self.store.backend.capacity()
 
     def xattrs(self, ino: int) -> dict[str, bytes]:
-        """``user.nvfs.*`` attributes: stored size, ratio and codec of a file."""
+        """``user.nvfs.*`` attributes: stored size, ratio and codec of a file.
+
+        They describe the contents this mount shows, as far as they are stored: right after
+        close(2), before the commit that follows it, they are already those of the new version.
+        """
         node = self.node(ino)
         if node.kind != "file":
             return {}
         logical, stored = node.size(), node.stored_size()
         manifest = node.manifest
+        if node.content is not None:
+            manifest = node.to_manifest()
+            manifest.engine = self.store.engine.name
         pending = node.content is not None and node.content.dirty
         values = {
             "logical_size": str(logical),
@@ -894,7 +901,7 @@ class Vfs(Committing):
             "engine": (manifest.engine or "cpu") if manifest else "none",
             "chunks": str(len(manifest.chunks)) if manifest else "0",
             "chunk_size": str(manifest.chunk_size if manifest else self.config.chunk_size),
-            "committed": "no" if pending or manifest is None else "yes",
+            "committed": "no" if pending or node.manifest is None else "yes",
         }
         return {XATTR_PREFIX + key: value.encode() for key, value in values.items()}
 
