@@ -581,10 +581,10 @@ def test_readdir_names(mounted):
         f.write(b"bytes name")
     expected_bytes = sorted(os.fsencode(name) for name in expected) + [b"not-utf8-\xff\xfe"]
     assert sorted(os.listdir(os.fsencode(mounted.path))) == sorted(expected_bytes)
-    expect_errno(errno.ENAMETOOLONG, open, mounted.path / ("y" * 255), "wb")
-    expect_errno(errno.ENAMETOOLONG, os.mkdir, mounted.path / ("y" * 255))
-    expect_errno(errno.ENAMETOOLONG, os.rename, mounted.path / "-dash", mounted.path / ("y" * 255))
-    expect_errno(errno.ENAMETOOLONG, os.symlink, "target", mounted.path / ("y" * 255))
+    expect_errno(errno.ENAMETOOLONG, open, mounted.path / ("y" * 256), "wb")
+    expect_errno(errno.ENAMETOOLONG, os.mkdir, mounted.path / ("y" * 256))
+    expect_errno(errno.ENAMETOOLONG, os.rename, mounted.path / "-dash", mounted.path / ("y" * 256))
+    expect_errno(errno.ENAMETOOLONG, os.symlink, "target", mounted.path / ("y" * 256))
     # a directory called '#dir' next to its parent's '#dir' marker
     (mounted.path / "#subdir" / "#dir").mkdir()
     (mounted.path / "#subdir" / "#dir" / "f").write_bytes(b"in #dir")
