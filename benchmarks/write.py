@@ -7,8 +7,8 @@ the Python FUSE path itself (a filesystem that drops every byte) it reaches, and
 its memory stays within the bound its options promise. Targets, each in a fresh, empty place:
 
 1. ``plain dir``: a directory on the same disk; ``torch.save`` then ``os.fsync`` (without the
-   fsync the bytes may still sit in the page cache, while the FUSE targets below are durable
-   at ``close``; the fsync makes the comparison fair).
+   fsync the bytes may still sit in the page cache; every target's "durable s" includes
+   whatever makes its data durable, so the comparison is fair).
 2. ``null FUSE``: a pyfuse3 filesystem defined in this file whose ``write`` returns
    ``len(buf)`` and drops the bytes, with ``enable_writeback_cache = True``, the same pyfuse3
    options as nvfs and nvfs's choice of ``direct_io`` (write-only handles that create or
@@ -23,18 +23,19 @@ its memory stays within the bound its options promise. Targets, each in a fresh,
 4. ``nvfs dir``: nvfs on a backing directory, default options (plus ``--nvfs-options``).
    ``nvfs cached``: the same with ``-o cached_writes`` (the writer's pages go through the
    page cache, as they did before nvfs wrote write-only handles with ``direct_io``).
-5. ``nvfs async``: the same with ``-o async_close``: close returns before the commit; the file
-   is then fsync'ed, which returns once it is durable.
+5. ``nvfs async``: the same with ``-o async_close``: close does not wait for the data to be
+   stored; the file is then fsync'ed, which returns once it is durable.
 6. ``nvfs S3``: nvfs on ``s3://bucket/store`` of a local SeaweedFS server this script starts
    (``tests/seaweed.py``); stored bytes = sum of the bucket's object sizes (boto3 listing).
-7. ``nvfs stage``: nvfs S3 with ``-o stage_dir=`` on the local disk: close returns once the
+7. ``nvfs stage``: nvfs S3 with ``-o stage_dir=`` on the local disk: fsync returns once the
    data is durable in the stage; the unmount waits until the stage has drained to S3.
 
 Timed: ``torch.save(state, path)`` including its ``close`` (FUSE flush), plus the ``fsync``
 for the plain directory. "durable s" is the time until the data is on disk (or in S3): the
-same for the plain directory and nvfs (close is durable; for ``nvfs stage``, durable in the
-local stage), save + ``syncfs`` of the bucket directory's filesystem for JuiceFS (its file
-store does not fsync blocks), save + ``fsync`` for ``nvfs async``. Untimed afterwards:
+save + ``fsync`` for the plain directory and every nvfs target (nvfs commits a file after its
+last close, and fsync waits for that commit; for ``nvfs stage``, durable in the local stage),
+save + ``syncfs`` of the bucket directory's filesystem for JuiceFS (its file store does not
+fsync blocks). Untimed afterwards:
 unmount (its seconds are shown), stored bytes in the backing store, and a check of the data:
 each FUSE store (JuiceFS, nvfs) is mounted again and the file read back through it must have
 the SHA-256 of the plain ``torch.save`` bytes; the null filesystem must have received exactly
@@ -810,11 +811,9 @@ def bench_nvfs(ctx: Context, row: Row, source: str, place: Path, stored: Callabl
         cpu0, other0 = cpu_seconds(pid), cpu_seconds(other_pid)
         path = mnt / FILE_NAME
         row.seconds = guarded_save(ctx, row, path, [pid])
-        if "async_close" in extra_options:
-            row.durable_s = row.seconds + timed_fsync(path)
-            row.notes.append(f"durable: save + fsync, {row.durable_s:.2f} s")
-        else:
-            row.durable_s = row.seconds
+        # close(2) does not wait for the commit (it follows the last release): fsync does.
+        row.durable_s = row.seconds + timed_fsync(path)
+        row.notes.append(f"durable: save + fsync, {row.durable_s:.2f} s")
         cpu, other_cpu = cpu_seconds(pid) - cpu0, cpu_seconds(other_pid) - other0
         row.logical = path.stat().st_size
         committed = os.getxattr(path, XATTR + "committed").decode()
@@ -824,8 +823,8 @@ def bench_nvfs(ctx: Context, row: Row, source: str, place: Path, stored: Callabl
         row.umount_s = mount.umount()
         row.rss_peak = sampler.stop()
         row.stored, detail = stored()
-        note = (f"committed at close: {committed}; xattr stored_size {xattr_stored:,} B in {chunks} chunks; "
-                f"{detail}; daemon CPU {cpu:.1f} s")
+        note = (f"committed after fsync: {committed}; xattr stored_size {xattr_stored:,} B in {chunks} "
+                f"chunks; {detail}; daemon CPU {cpu:.1f} s")
         if other_pid is not None:
             note += f", weed CPU {other_cpu:.1f} s"
         row.notes.append(note)
