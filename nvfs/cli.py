@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     mount.add_argument("source", help="backing directory of the store (created on first mount if empty)")
     mount.add_argument("mountpoint")
     mount.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=VAL...]",
-                       help="mount options, see README")
+                       help="mount options, see README.md, \"Options\"")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     umount = commands.add_parser("umount", help="unmount and wait until the daemon has stored everything")
     umount.add_argument("mountpoint")

@@ -2,7 +2,7 @@
 
 Why: a server stopped by SIGSTOP still accepts connections (the kernel completes the
 handshake into its listen queue) but never answers, so nothing but a timeout ends a request
-to it, and retries multiply that timeout: a reader waited 1187 s with no error. Here every
+to it, and retries multiply that timeout into a wait with no end in sight. Here every
 request has three bounds (mount options ``connect_timeout``, ``read_timeout`` and
 ``request_timeout``) and its retries share the last one.
 

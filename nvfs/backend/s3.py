@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 BULK_KEYS = "chunks/"  # the store's chunk objects: bulk transfers, on a client of their own
 _METADATA_CONNECTIONS = 16  # metadata requests are small and few at a time; renames copy 8 at once
-_RENAME_COPIERS = 8  # copies in flight in a directory rename: 300 files took 300 round trips one by one
+_RENAME_COPIERS = 8  # copies in flight in a directory rename: each copy is a round trip, not work here
 _DELETE_BATCH = 1000  # keys per DeleteObjects request: S3's limit
 
 

@@ -1,7 +1,7 @@
 """Intent records that make a directory rename on S3 whole after a crash.
 
 S3 has no rename: a directory's objects are copied to the new prefix, then deleted under the
-old one. Killed half-way, a ``mv dirA dirB`` of 300 files left 238 in dirA and 62 in dirB.
+old one, so a move killed half-way leaves the directory split between the two names.
 So before it moves anything, :meth:`nvfs.backend.s3.S3Backend.rename_prefix` writes an
 intent, the object ``journal/rename-<32 hex digits>`` holding ``{"op": "rename_prefix",
 "src": "tree/.../", "dst": "tree/.../", "created": "<UTC time>"}``, and deletes it once the

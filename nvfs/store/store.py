@@ -54,7 +54,7 @@ DEFAULT_CHUNK_SIZE = 4 << 20
 _PRESENT_LIMIT = 1 << 20  # chunk ids remembered as stored, for dedup without a backend round trip
 SHARED_GC_GRACE = 3600.0  # seconds a chunk on a shared backend is safe from other mounts' collectors
 # Objects of one listing read at once from a shared (S3) backend: each GET waits on a round
-# trip, not on this machine, so a cold 20,000-file directory read one at a time took minutes.
+# trip, not on this machine, so a large directory read one object at a time waits on thousands.
 LISTING_READS = 16
 
 # A chunk id anywhere in a manifest's text: what GC keeps alive of a manifest it cannot parse
@@ -381,9 +381,7 @@ class Store:
         worker thread waits for it; :meth:`begin_put` waits on the event loop instead): in
         this process the hashing, coding and writing, although each runs without the GIL,
         took the GIL back dozens of times per chunk, each time from the FUSE thread, which a
-        ``torch.save`` waits for on every 1 MiB write. Saving 2 GiB into a new store on the
-        2-core VM took 4.2-5.5 s with worker threads doing the work, the machine a quarter
-        idle; 3.1-3.5 s with a write process (README, "Where a 2 GiB torch.save ... stands").
+        ``torch.save`` waits for on every 1 MiB write (docs/decisions/write-processes.md).
         """
         offset = self._shared_offset(data)
         if offset is not None and self.writes_elsewhere():

@@ -5,7 +5,7 @@ and hand blocking work (compression, storage I/O) to worker threads through
 ``trio.to_thread``; a full slot is stored in the background while the writer goes on,
 and a writer waits only when ``max_inflight`` bytes are already on their way.
 
-Semantics (README, "Semantics"): a file's new contents become durable and visible in
+Semantics (docs/SEMANTICS.md): a file's new contents become durable and visible in
 the store when the last handle that can write it is released, on fsync, or at unmount
 (:mod:`nvfs.vfs.commits`); namespace operations (mkdir, rename, unlink, chmod, ...) are
 durable when they return.
