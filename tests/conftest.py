@@ -7,6 +7,7 @@ import itertools
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -166,6 +167,19 @@ class Mount:
 
     def daemon_pid(self) -> int:
         return int(os.getxattr(self.mountpoint, "user.nvfs.pid"))
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (a crash) and take the dead mount away; writers see ENOTCONN from here on."""
+        pid = self.daemon_pid()
+        os.kill(pid, signal.SIGKILL)
+        wait_until_dead(pid, 30, "SIGKILL")
+        self.lazy_unmount()
+
+    def lazy_unmount(self) -> None:
+        """Detach a mount whose daemon is dead (``fusermount3 -u -z``)."""
+        result = subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, f"fusermount3 -u -z failed: {result.stderr}"
 
     def log(self) -> str:
         return self.log_file.read_text() if self.log_file.exists() else ""

@@ -13,13 +13,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until, wait_until_dead
+from tests.conftest import wait_until
 
 MIB = 1 << 20
 OLD_SIZE = 9 * MIB + 4321  # several chunks and a partial last one
@@ -49,16 +48,6 @@ def _write_old_version(mount, name: str = "ckpt") -> tuple[Path, bytes]:
     return path, old
 
 
-def _kill_daemon(mount) -> None:
-    """SIGKILL the daemon and take the dead mount away (writers see ENOTCONN from here on)."""
-    pid = mount.daemon_pid()
-    os.kill(pid, signal.SIGKILL)
-    wait_until_dead(pid, 30, "SIGKILL")
-    result = subprocess.run(["fusermount3", "-u", "-z", str(mount.mountpoint)], capture_output=True,
-                            text=True, timeout=30)
-    assert result.returncode == 0, f"fusermount3 -u -z failed: {result.stderr}"
-
-
 def _assert_old_version_survived(mount, path: Path, old: bytes) -> None:
     assert _manifest_size(mount, path.name) == len(old), "a partial new version was committed"
     mount.mount()
@@ -83,7 +72,7 @@ def test_dd_from_a_pipe_commits_nothing_before_it_closes(mount_factory, backend,
             feed.write(os.urandom(PART))
             feed.flush()
             _wait_for_size(path, PART)
-            _kill_daemon(mount)
+            mount.kill()
     finally:
         dd.kill()
         dd.wait(timeout=30)
@@ -101,7 +90,7 @@ def test_shell_redirection_commits_nothing_before_the_writer_exits(mount_factory
         shell.stdin.write(os.urandom(PART))
         shell.stdin.flush()
         _wait_for_size(path, PART)
-        _kill_daemon(mount)
+        mount.kill()
     finally:
         shell.kill()
         shell.wait(timeout=30)
@@ -121,7 +110,7 @@ def test_a_second_close_while_writing_commits_nothing(mount_factory, backend, cl
         else:  # the child closes its copy of the descriptor before it runs the program
             subprocess.run(["true"], check=True, close_fds=True)
         assert not _committed(path)
-        _kill_daemon(mount)
+        mount.kill()
     finally:
         try:
             os.close(fd)
@@ -139,7 +128,7 @@ def test_truncate_while_open_for_writing_keeps_the_old_version(mount_factory, ba
         os.truncate(path, 0)  # by path, by someone else: no handle of theirs is open
         os.write(fd, os.urandom(PART))
         assert not _committed(path)
-        _kill_daemon(mount)
+        mount.kill()
     finally:
         try:
             os.close(fd)
@@ -161,7 +150,7 @@ def test_the_last_close_commits_the_new_version(mount_factory, backend):
     os.close(fd)
     wait_until(lambda: _committed(path) and _manifest_size(mount, path.name) == len(new),
                "the last close committed the new version", timeout=30)
-    _kill_daemon(mount)
+    mount.kill()
     mount.mount()
     assert path.read_bytes() == new
 
@@ -174,7 +163,7 @@ def test_the_last_close_of_a_shell_redirection_commits(mount_factory, backend):
     subprocess.run(["sh", "-c", f"exec cat > '{path}'"], input=new, check=True, timeout=60)
     wait_until(lambda: _committed(path) and _manifest_size(mount, path.name) == len(new),
                "the writer's exit committed the new version", timeout=30)
-    _kill_daemon(mount)
+    mount.kill()
     mount.mount()
     assert path.read_bytes() == new
 
@@ -204,7 +193,7 @@ def test_fsync_commits_while_the_file_stays_open(mount_factory, backend):
         f.flush()
         os.fsync(f.fileno())
         assert _manifest_size(mount, path.name) == len(new)
-        _kill_daemon(mount)
+        mount.kill()
         try:
             f.close()
         except OSError as exc:  # the dead mount may report that at close
@@ -223,7 +212,7 @@ def test_chmod_while_writing_is_durable_without_committing_the_data(mount_factor
         os.chmod(path, 0o600)
         wait_until(lambda: json.loads(mount.read_object("tree/ckpt"))["mode"] & 0o777 == 0o600,
                    "the mode is stored", timeout=30)
-        _kill_daemon(mount)
+        mount.kill()
     finally:
         try:
             os.close(fd)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
 import subprocess
 
-from tests.conftest import wait_until, wait_until_dead
+from tests.conftest import wait_until
 
 FILES = 300
 
@@ -24,15 +23,6 @@ def _contents(index: int) -> bytes:
 
 def _intent(src: str, dst: str) -> bytes:
     return json.dumps({"op": "rename_prefix", "src": src, "dst": dst}).encode()
-
-
-def _kill_and_clean_up(mount) -> None:
-    pid = mount.daemon_pid()
-    os.kill(pid, signal.SIGKILL)
-    wait_until_dead(pid, 30, "SIGKILL")
-    result = subprocess.run(["fusermount3", "-u", "-z", str(mount.mountpoint)], capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0, f"fusermount3 -u -z failed: {result.stderr}"
 
 
 def test_kill_during_directory_rename_finishes_it_at_the_next_mount(mount_factory):
@@ -47,7 +37,7 @@ def test_kill_during_directory_rename_finishes_it_at_the_next_mount(mount_factor
     mover = subprocess.Popen(["mv", str(source), str(mount.path / "dirB")], stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: mount.keys("tree/dirB/"), "some objects are copied to dirB", timeout=60)
-        _kill_and_clean_up(mount)
+        mount.kill()
     finally:
         mover.wait(timeout=60)
     assert mount.keys("tree/dirA/"), "the daemon was killed only after the rename was over"

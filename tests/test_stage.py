@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 from tests.conftest import Mount
 
@@ -53,8 +52,7 @@ def test_kill_during_drain_loses_nothing(tmp_path, own_server, request):
     (mount.path / "second.bin").write_bytes(second)  # staged locally while S3 is down
     assert (mount.path / "second.bin").read_bytes() == second
     assert any(key.startswith("tree/") for key in _staged_keys(stage))
-    os.kill(mount.daemon_pid(), signal.SIGKILL)
-    subprocess.run(["fusermount3", "-u", "-z", str(mount.mountpoint)], check=True)
+    mount.kill()
     own_server.start()
     mount.mount()  # the same stage: resumes uploading what the killed daemon left
     assert (mount.path / "first.bin").read_bytes() == first
