@@ -56,6 +56,27 @@ def _assert_old_version_survived(mount, path: Path, old: bytes) -> None:
     assert data == old, "after the crash the file is not its old version"
 
 
+def _assert_new_version_survives(mount, path: Path, new: bytes) -> None:
+    """The last close committed ``new``: it is in the store and survives a crash of the daemon."""
+    wait_until(lambda: _committed(path) and _manifest_size(mount, path.name) == len(new),
+               "the last close committed the new version", timeout=30)
+    mount.kill()
+    mount.mount()
+    assert path.read_bytes() == new
+
+
+def _crash_while_writing(mount, path: Path, fd: int) -> None:
+    """Kill the daemon while ``fd`` still writes an unfinished version, then close ``fd``."""
+    try:
+        assert not _committed(path)
+        mount.kill()
+    finally:
+        try:
+            os.close(fd)
+        except OSError as exc:  # the dead mount may report the lost data at close
+            assert exc.errno in (errno.ENOTCONN, errno.EIO, errno.ECONNABORTED), exc
+
+
 def _wait_for_size(path: Path, size: int) -> None:
     wait_until(lambda: os.stat(path).st_size >= size, f"{size} bytes reached {path.name}", timeout=30)
 
@@ -103,19 +124,12 @@ def test_a_second_close_while_writing_commits_nothing(mount_factory, backend, cl
     mount.mount()
     path, old = _write_old_version(mount)
     fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-    try:
-        os.write(fd, os.urandom(PART))
-        if closer == "dup":
-            os.close(os.dup(fd))
-        else:  # the child closes its copy of the descriptor before it runs the program
-            subprocess.run(["true"], check=True, close_fds=True)
-        assert not _committed(path)
-        mount.kill()
-    finally:
-        try:
-            os.close(fd)
-        except OSError as exc:  # the dead mount may report the lost data at close
-            assert exc.errno in (errno.ENOTCONN, errno.EIO, errno.ECONNABORTED), exc
+    os.write(fd, os.urandom(PART))
+    if closer == "dup":
+        os.close(os.dup(fd))
+    else:  # the child closes its copy of the descriptor before it runs the program
+        subprocess.run(["true"], check=True, close_fds=True)
+    _crash_while_writing(mount, path, fd)
     _assert_old_version_survived(mount, path, old)
 
 
@@ -124,16 +138,9 @@ def test_truncate_while_open_for_writing_keeps_the_old_version(mount_factory, ba
     mount.mount()
     path, old = _write_old_version(mount)
     fd = os.open(path, os.O_RDWR)
-    try:
-        os.truncate(path, 0)  # by path, by someone else: no handle of theirs is open
-        os.write(fd, os.urandom(PART))
-        assert not _committed(path)
-        mount.kill()
-    finally:
-        try:
-            os.close(fd)
-        except OSError as exc:
-            assert exc.errno in (errno.ENOTCONN, errno.EIO, errno.ECONNABORTED), exc
+    os.truncate(path, 0)  # by path, by someone else: no handle of theirs is open
+    os.write(fd, os.urandom(PART))
+    _crash_while_writing(mount, path, fd)
     _assert_old_version_survived(mount, path, old)
 
 
@@ -148,11 +155,7 @@ def test_the_last_close_commits_the_new_version(mount_factory, backend):
     subprocess.run(["true"], check=True)
     os.write(fd, new[PART:])
     os.close(fd)
-    wait_until(lambda: _committed(path) and _manifest_size(mount, path.name) == len(new),
-               "the last close committed the new version", timeout=30)
-    mount.kill()
-    mount.mount()
-    assert path.read_bytes() == new
+    _assert_new_version_survives(mount, path, new)
 
 
 def test_the_last_close_of_a_shell_redirection_commits(mount_factory, backend):
@@ -161,11 +164,7 @@ def test_the_last_close_of_a_shell_redirection_commits(mount_factory, backend):
     path, _ = _write_old_version(mount)
     new = os.urandom(2 * MIB + 5)
     subprocess.run(["sh", "-c", f"exec cat > '{path}'"], input=new, check=True, timeout=60)
-    wait_until(lambda: _committed(path) and _manifest_size(mount, path.name) == len(new),
-               "the writer's exit committed the new version", timeout=30)
-    mount.kill()
-    mount.mount()
-    assert path.read_bytes() == new
+    _assert_new_version_survives(mount, path, new)
 
 
 def test_o_trunc_sets_mtime_and_ctime(mount_factory, backend):
