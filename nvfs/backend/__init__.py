@@ -9,6 +9,7 @@ from nvfs.backend.base import (
     Backend,
     BackendError,
     ErrnoCarrier,
+    ListedObject,
     ObjectNotFound,
     StoreLocked,
     failure_errno,
@@ -16,8 +17,8 @@ from nvfs.backend.base import (
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.staged import StagedBackend
 
-__all__ = ["KEPT_ERRNOS", "Backend", "BackendError", "DirectoryBackend", "ErrnoCarrier", "ObjectNotFound",
-           "StagedBackend", "StoreLocked", "failure_errno", "open_backend"]
+__all__ = ["KEPT_ERRNOS", "Backend", "BackendError", "DirectoryBackend", "ErrnoCarrier", "ListedObject",
+           "ObjectNotFound",            "StagedBackend", "StoreLocked", "failure_errno", "open_backend"]
 
 
 def open_backend(source: str, options: dict[str, str] | None = None) -> Backend:

@@ -5,12 +5,24 @@ from __future__ import annotations
 import errno
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from nvfs.backend.http_get import ObjectGet
 
 Buffer = bytes | bytearray | memoryview
+
+
+class ListedObject(NamedTuple):
+    """One object of a recursive listing.
+
+    ``version`` changes whenever the object is replaced (an ETag, or inode, size and mtime),
+    as in :meth:`Backend.list_dir`; an empty one means "unknown": read the object again.
+    """
+
+    key: str
+    modified: float  # epoch seconds
+    version: str
 
 
 # Causes a caller can act on, kept as the errno of a failure; any other is EIO.
@@ -135,8 +147,8 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
-        """Every key under ``prefix``, recursively, with its modification time (epoch seconds)."""
+    def iter_objects(self, prefix: str) -> Iterator[ListedObject]:
+        """Every object under ``prefix``, recursively, with its modification time and version."""
 
     def has_objects(self, prefix: str) -> bool:
         """Whether any object lives under ``prefix`` (listings may show prefixes that are gone)."""
@@ -144,8 +156,8 @@ class Backend(ABC):
 
     def iter_keys(self, prefix: str) -> Iterator[str]:
         """Every key under ``prefix``, recursively."""
-        for key, _modified in self.iter_objects(prefix):
-            yield key
+        for listed in self.iter_objects(prefix):
+            yield listed.key
 
     @abstractmethod
     def rename(self, src: str, dst: str) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound, StoreLocked
+from nvfs.backend.base import Backend, BackendError, Buffer, ListedObject, ObjectNotFound, StoreLocked
 
 log = logging.getLogger(__name__)
 
@@ -285,10 +285,10 @@ class DirectoryBackend(Backend):
                 info = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            objects[entry.name] = f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"
+            objects[entry.name] = _version(info)
         return objects, prefixes
 
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
+    def iter_objects(self, prefix: str) -> Iterator[ListedObject]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         for dirpath, dirnames, filenames in os.walk(base):
             if dirpath == str(self.root) and _TMP in dirnames:
@@ -301,8 +301,7 @@ class DirectoryBackend(Backend):
                     continue
                 if not stat.S_ISREG(info.st_mode):
                     continue  # a symbolic link or a special file is no object
-                modified = info.st_mtime
-                yield (name if rel == "." else f"{rel}/{name}"), modified
+                yield ListedObject(name if rel == "." else f"{rel}/{name}", info.st_mtime, _version(info))
 
     def rename(self, src: str, dst: str) -> None:
         source, target = self._path(src), self._path(dst)
@@ -357,3 +356,8 @@ class DirectoryBackend(Backend):
         if self._root_fd >= 0:
             os.close(self._root_fd)
             self._root_fd = -1
+
+
+def _version(info: os.stat_result) -> str:
+    """A token that changes when the file at a key is replaced: a new file by rename, a new inode."""
+    return f"{info.st_ino}-{info.st_size}-{info.st_mtime_ns}"

@@ -29,7 +29,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from nvfs.backend.base import Backend, BackendError, ObjectNotFound
+from nvfs.backend.base import Backend, BackendError, ListedObject, ObjectNotFound
 from nvfs.backend.deadlines import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
@@ -250,12 +250,14 @@ class S3Backend(Backend):
             prefixes.extend(item["Prefix"][start:].rstrip("/") for item in page.get("CommonPrefixes", []))
         return objects, prefixes
 
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
+    def iter_objects(self, prefix: str) -> Iterator[ListedObject]:
         start = len(self.prefix)
         for page in self._pages(prefix, None):
             for item in page.get("Contents", []):
                 modified: datetime = item["LastModified"]
-                yield item["Key"][start:], modified.timestamp()
+                # An ETag is the digest of the object's bytes; a listing without one gives no
+                # version (LastModified has whole seconds: a replacement may keep it).
+                yield ListedObject(item["Key"][start:], modified.timestamp(), item.get("ETag", ""))
 
     def rename(self, src: str, dst: str) -> None:
         self._copy(src, dst)

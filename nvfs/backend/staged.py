@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from nvfs.backend.base import Backend, BackendError, Buffer, ObjectNotFound
+from nvfs.backend.base import Backend, BackendError, Buffer, ListedObject, ObjectNotFound
 from nvfs.backend.directory import DIRECTORY_MODE, OBJECT_MODE, DirectoryBackend, make_private_dirs
 from nvfs.backend.http_get import ObjectGet
 
@@ -106,10 +106,10 @@ class StagedBackend(Backend):
     def _resume(self) -> None:
         """Queue what an earlier daemon staged but did not upload: chunks first, then the rest."""
         staged = sorted(self.stage.iter_objects(""),
-                        key=lambda item: (not item[0].startswith(_CHUNKS), item[1]))
-        for key, _modified in staged:
-            self._queue[key] = os.path.getsize(self.stage.root / key)
-            self._staged_bytes += self._queue[key]
+                        key=lambda listed: (not listed.key.startswith(_CHUNKS), listed.modified))
+        for listed in staged:
+            self._queue[listed.key] = os.path.getsize(self.stage.root / listed.key)
+            self._staged_bytes += self._queue[listed.key]
         if staged:
             log.info("stage holds %d objects (%d bytes) not yet uploaded: uploading", len(staged),
                      self._staged_bytes)
@@ -201,14 +201,14 @@ class StagedBackend(Backend):
         staged = {name: "staged-" + version for name, version in local_objects.items()}
         return {**remote_objects, **staged}, sorted({*local_prefixes, *remote_prefixes})
 
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, float]]:
+    def iter_objects(self, prefix: str) -> Iterator[ListedObject]:
         seen: set[str] = set()
-        for key, modified in self.stage.iter_objects(prefix):
-            seen.add(key)
-            yield key, modified
-        for key, modified in self.remote.iter_objects(prefix):
-            if key not in seen:
-                yield key, modified
+        for listed in self.stage.iter_objects(prefix):
+            seen.add(listed.key)
+            yield listed._replace(version="staged-" + listed.version)
+        for listed in self.remote.iter_objects(prefix):
+            if listed.key not in seen:
+                yield listed
 
     def is_empty(self) -> bool:
         return self.stage.is_empty() and self.remote.is_empty()

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nvfs.backend import Backend, BackendError, ErrnoCarrier, ObjectNotFound
+from nvfs.backend import Backend, BackendError, ErrnoCarrier, ListedObject, ObjectNotFound
 from nvfs.codec import CpuEngine, Engine, LayoutTracker, Region, cpu_decodes
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
@@ -267,6 +267,7 @@ class Store:
         self._namespace_moves = 0
         self._present = KnownChunks()
         self._manifests: dict[str, tuple[str, Manifest]] = {}  # key -> (version, manifest) last listed
+        self._named: dict[str, tuple[str, frozenset[str]]] = {}  # key -> (version, chunk ids) last marked
         self._listing_pool: ThreadPoolExecutor | None = None  # made by the first listing that needs it
         # Write processes code with the CPU engine and write files: a directory store's only.
         root = backend.files_root()
@@ -721,21 +722,41 @@ class Store:
         return 0, 0
 
     def _mark(self) -> set[str]:
+        """Every chunk id a manifest names.
+
+        A manifest whose version is the one an earlier pass read is not read again: a burst
+        of deletes asks for a pass after each, and each pass then costs a listing plus the
+        manifests that changed, not one GET per file of the store.
+        """
+        listed = [entry for entry in self.backend.iter_objects(TREE_PREFIX)
+                  if not entry.key.endswith("/" + DIR_MARKER)]
+        known = self._named
+        stale = [entry for entry in listed
+                 if not entry.version or known.get(entry.key, ("",))[0] != entry.version]
+        fresh = dict(zip([entry.key for entry in stale], self._read_all(self._chunks_of, stale),
+                         strict=True))
         live: set[str] = set()
-        for key in self.backend.iter_keys(TREE_PREFIX):
-            if key.endswith("/" + DIR_MARKER):
-                continue
-            try:
-                blob = self.backend.get(key)
-            except ObjectNotFound:
+        named: dict[str, tuple[str, frozenset[str]]] = {}
+        for entry in listed:
+            ids = fresh[entry.key] if entry.key in fresh else known[entry.key][1]
+            if ids is None:
                 continue  # deleted while we listed; a rename would have restarted the mark
-            live.update(_chunks_named(key, blob))
+            live.update(ids)
+            named[entry.key] = (entry.version, ids)
+        self._named = named  # only what the store still holds
         return live
+
+    def _chunks_of(self, entry: ListedObject) -> frozenset[str] | None:
+        """The chunk ids of one listed manifest; ``None`` where it is gone."""
+        try:
+            return frozenset(_chunks_named(entry.key, self.backend.get(entry.key)))
+        except ObjectNotFound:
+            return None
 
     def _sweep(self, keep: set[str]) -> tuple[int, int]:
         count = freed = 0
         young = time.time() - self.gc_grace
-        for key, modified in list(self.backend.iter_objects(CHUNK_PREFIX)):
+        for key, modified, _version in list(self.backend.iter_objects(CHUNK_PREFIX)):
             cid = key.rsplit("/", 1)[1]
             if cid in keep or (self.gc_grace and modified > young):
                 continue
