@@ -87,6 +87,7 @@ class Backend(ABC):
     """
 
     shared = False
+    prefix = ""  # what the backend puts before every key (an S3 store's prefix in its bucket)
 
     @abstractmethod
     def describe(self) -> str:

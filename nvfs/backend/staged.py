@@ -47,6 +47,7 @@ class StagedBackend(Backend):
     def __init__(self, remote: Backend, stage_dir: str, limit: int, uploaders: int = 8) -> None:
         self.remote = remote
         self.shared = remote.shared
+        self.prefix = remote.prefix  # keys end up in the remote store
         self.limit = limit
         root = Path(stage_dir)
         if not root.is_dir():

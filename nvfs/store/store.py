@@ -332,6 +332,10 @@ class Store:
         log.info("initialised a new nvfs store in %s", backend.describe())
         return superblock
 
+    def key_bytes(self, key: str) -> int:
+        """Length of ``key`` as the backend stores it, its prefix included (S3 allows 1024 bytes)."""
+        return len((self.backend.prefix + key).encode())
+
     @property
     def chunk_size(self) -> int:
         return int(self.superblock.get("chunk_size", DEFAULT_CHUNK_SIZE))

@@ -25,11 +25,6 @@ SPECIAL_TYPES = frozenset({stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFB
 Path = tuple[str, ...]
 
 
-def _prefix_bytes(store: Store) -> int:
-    """Bytes the backend puts before every key: the bucket prefix on S3, nothing in a directory."""
-    return len(getattr(store.backend, "prefix", "").encode())
-
-
 def entry_key_of(path: Path, kind: str) -> str:
     """The object that holds the entry at ``path``: a directory's marker, else its manifest."""
     return dir_prefix(path) + DIR_MARKER if kind == "dir" else entry_key(path)
@@ -50,7 +45,7 @@ def check_new_path(store: Store, path: Path, kind: str) -> None:
     check_name_length(path[-1])
     if len(encode_name(path[-1]).encode()) > NAME_MAX:
         raise VfsError(errno.ENAMETOOLONG)
-    if _prefix_bytes(store) + len(entry_key_of(path, kind).encode()) > KEY_MAX:
+    if store.key_bytes(entry_key_of(path, kind)) > KEY_MAX:
         raise VfsError(errno.ENAMETOOLONG)
 
 
@@ -64,9 +59,9 @@ def check_moved_tree(store: Store, node: Node, new_path: Path) -> None:
     growth = len(entry_key(new_path).encode()) - len(entry_key(node.path()).encode())
     if growth <= 0 or not node.is_dir:
         return
-    longest = max((len(entry_key_of(below.path(), below.kind).encode()) for below in listed_below(node)),
+    longest = max((store.key_bytes(entry_key_of(below.path(), below.kind)) for below in listed_below(node)),
                   default=0)
-    if longest and _prefix_bytes(store) + longest + growth > KEY_MAX:
+    if longest and longest + growth > KEY_MAX:
         raise VfsError(errno.ENAMETOOLONG)
 
 
