@@ -60,6 +60,7 @@ class Committing:
             return
         node = handle.node
         node.open_count -= 1
+        node.writers -= handle.writable
         if node.needs_commit() and not self.has_writer(node):
             if self.config.async_close:
                 self._commit_in_background(node)
@@ -72,7 +73,7 @@ class Committing:
 
     def has_writer(self, node: Node) -> bool:
         """Whether a handle open for writing refers to ``node``: its version is not finished."""
-        return any(handle.writable and handle.node is node for handle in self._handles.values())
+        return node.writers > 0  # counted per node: a release must not scan every open handle
 
     def _let_go(self, node: Node) -> None:
         """The last handle is closed and no commit is running: revert a failed version, drop the contents.

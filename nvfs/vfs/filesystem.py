@@ -525,6 +525,7 @@ class Vfs(Committing):
     def _open_handle(self, node: Node, writable: bool, sets_mtime: bool) -> int:
         self._ensure_content(node)
         node.open_count += 1
+        node.writers += writable
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = Handle(node, writable, sets_mtime)

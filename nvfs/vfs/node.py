@@ -55,6 +55,7 @@ class Node:
         self.children: dict[str, Node] | None = {} if not committed and meta.kind == "dir" else None
         self.lookups = 0
         self.open_count = 0
+        self.writers = 0  # open handles that can write: the version is unfinished while any is
         self.unlinked = False
         self.meta_dirty = False
         self.background_commits = 0  # commits that async_close left running
