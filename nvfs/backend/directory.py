@@ -60,6 +60,14 @@ def make_private_dirs(path: Path) -> None:
             os.mkdir(directory, DIRECTORY_MODE)
 
 
+def write_private(path: Path | str, data: bytes | memoryview) -> None:
+    """Create the file ``path`` (never an existing one, nor through a link) holding ``data``, 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE)
+    os.fchmod(fd, OBJECT_MODE)  # whatever the umask
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+
+
 def read_no_follow(path: Path | str) -> bytes:
     """The whole file at ``path``, refusing a symbolic link there (ELOOP) rather than following it."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

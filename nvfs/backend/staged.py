@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from nvfs.backend.base import Backend, BackendError, Buffer, ListedObject, ObjectNotFound
-from nvfs.backend.directory import DIRECTORY_MODE, OBJECT_MODE, DirectoryBackend, make_private_dirs
+from nvfs.backend.directory import DIRECTORY_MODE, DirectoryBackend, make_private_dirs, write_private
 from nvfs.backend.http_get import ObjectGet
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class StagedBackend(Backend):
         elif any(root.iterdir()):
             raise BackendError(f"stage_dir {root} is not empty and is not an nvfs stage")
         else:
-            _write_private(marker, json.dumps(mine).encode())
+            write_private(marker, json.dumps(mine).encode())
 
     def describe(self) -> str:
         return self.remote.describe()
@@ -295,12 +295,3 @@ class StagedBackend(Backend):
         self.stage.close()
         self.remote.close()
 
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Create the file ``path`` holding ``data``, readable by its owner only whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE)
-    try:
-        os.fchmod(fd, OBJECT_MODE)
-        os.write(fd, data)
-    finally:
-        os.close(fd)

@@ -30,7 +30,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from nvfs.backend.directory import OBJECT_MODE, make_private_dirs, read_no_follow
+from nvfs.backend.directory import make_private_dirs, read_no_follow, write_private
 from nvfs.store.manifest import is_chunk_id
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,7 @@ class ChunkFileCache:
         elif any(self.root.iterdir()):
             raise DiskCacheError(f"cache_dir {self.root} is not empty and is not an nvfs cache")
         else:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, OBJECT_MODE)
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps({"nvfs_cache": CACHE_FORMAT_VERSION}))
+            write_private(marker, json.dumps({"nvfs_cache": CACHE_FORMAT_VERSION}).encode())
 
     def _remove_abandoned_writes(self) -> None:
         """Delete temporary files of processes that died mid-write (other mounts' are live)."""
@@ -131,9 +129,7 @@ class ChunkFileCache:
             path = self._path(cid)
             if os.path.lexists(path):
                 return
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, OBJECT_MODE)
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
+            write_private(tmp, blob)
             make_private_dirs(path.parent)
             os.replace(tmp, self._existing_path(cid))
         except (OSError, DiskCacheError) as exc:
