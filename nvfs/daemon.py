@@ -30,11 +30,9 @@ _HEAP_KEPT = 64 << 20  # free memory an arena keeps for reuse
 _ARENAS = 4  # each arena keeps its own free memory: few arenas, little kept
 _WRITES_STOPPED_AFTER = 1.0  # seconds without a chunk upload that end a burst of writes
 # Bytes the kernel reads ahead of a sequential reader (bdi read_ahead_kb), set once the kernel
-# has the INIT reply (see _finish_mount). On kernel 6.18 a 1 MiB window came as 1 MiB FUSE
-# requests, a 4 MiB one as 256 KiB requests (strace of the daemon). Cold cat of 2 GiB from a
-# directory store, alternating: 1 MiB 0.88-1.00 GB/s, 2 MiB 0.78-0.89, 4 MiB 0.70-0.82; from
-# SeaweedFS: 1 MiB 0.52-0.56, 4 MiB 0.49-0.51. torch.load of that file varies more than the
-# window moves it (1 MiB 0.30-0.56, 4 MiB 0.40-0.52; 0.29-0.31 at the kernel's 128 KiB).
+# has the INIT reply (see _finish_mount). The window sets the size of FUSE read requests: a larger
+# one came as more, smaller requests, each a round trip through the one FUSE thread
+# (docs/decisions/kernel-readahead.md).
 KERNEL_READAHEAD = 1 << 20
 # Seconds the mount waits for its fetch and write processes to be ready (they import botocore
 # and the codecs) before it reports ready anyway; reads meanwhile wait for them in threads.
@@ -79,8 +77,8 @@ def keep_chunk_buffers_in_heap() -> None:
     """Tell glibc's malloc to serve chunk-sized buffers from the heap and keep freed ones.
 
     By default every 4 MiB buffer (a download, a decoded chunk, a plane) is a fresh mmap
-    whose pages the kernel faults in and zeroes, then an munmap: measured at 0.4 s of
-    system CPU per GB restored. Freed memory above ``_HEAP_KEPT`` per arena still goes back,
+    whose pages the kernel faults in and zeroes, then an munmap
+    (docs/decisions/chunk-buffers-in-heap.md). Freed memory above ``_HEAP_KEPT`` per arena still goes back,
     and the arenas are few, so the memory bound (``max_inflight``, ``cache_size``) holds.
     """
     if not tune_heap(_MMAP_THRESHOLD, _HEAP_KEPT, _ARENAS):

@@ -1,17 +1,14 @@
 """GETs of whole S3 objects into one buffer, without the boto3 client's per-call machinery.
 
-A restore GETs thousands of multi-MiB chunk objects from worker threads of one Python
-process, so what matters is how long each GET holds the GIL. py-spy ``--gil`` of a cold
-``cat`` from SeaweedFS on 16 cores (3.4 s, 0.64 GB/s, GIL held 72% of the time): boto3's
-``get_object`` held it for a fifth of that time (events, parsing, retry bookkeeping), and
-reading the body another sixth (http.client's ``_safe_read`` grows the body through a
-BytesIO, copying it holding the GIL).
+A restore GETs thousands of multi-MiB chunk objects from threads of one Python process, so
+what bounds it is how long each GET holds the GIL; boto3's ``get_object`` holds it for its
+event and retry machinery and copies the body through a BytesIO
+(docs/decisions/signed-gets.md).
 
 Here a request is signed with botocore's own SigV4 signer and the credentials of the
 boto3 session (so the standard chain, refreshes and session tokens work as in boto3), and
 sent by an :class:`~nvfs.backend.http_get.ObjectGetter`, here or in a fetch process. The
-sender signs (:class:`SigV4Get`): signing took 177-212 us of the GIL per chunk (2-core VM),
-time the daemon's FUSE thread would otherwise wait through.
+sender signs (:class:`SigV4Get`), so signing is not done on the daemon's FUSE thread.
 """
 
 from __future__ import annotations
