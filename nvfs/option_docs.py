@@ -39,11 +39,13 @@ def render_help(width: int = HELP_WIDTH) -> str:
         lines += ["", f"{title.lower()}:"]
         for option in options:
             usage = f"  {option.usage()}"
-            text = f"{option.help} {_facts(option)}"
-            first = usage.ljust(_NAME_COLUMN) if len(usage) < _NAME_COLUMN - 1 else None
-            if first is None:
+            if len(usage) < _NAME_COLUMN - 1:
+                first = usage.ljust(_NAME_COLUMN)
+            else:  # too long to share a line with its help
                 lines.append(usage)
-            lines += textwrap.wrap(text, width, initial_indent=first or indent, subsequent_indent=indent)
+                first = indent
+            text = f"{option.help} {_facts(option)}"
+            lines += textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent)
     return "\n".join(lines)
 
 

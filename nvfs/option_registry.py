@@ -78,7 +78,7 @@ def format_size(size: int) -> str:
 
 
 def default_fetch_procs(cores: int) -> int:
-    """Processes that fetch and decode chunks for reads from S3 (nvfs/store/fetch_pool.py)."""
+    """How many processes fetch and decode chunks for reads from S3 on a host with ``cores``."""
     return FETCH_PROCS_ON_MANY_CORES if cores >= FETCH_PROCS_MIN_CORES else 0
 
 
