@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import textwrap
 
-from nvfs.option_registry import BY_NAME, EVERYWHERE, GROUPS, Kind, Option
+from nvfs.option_registry import (
+    BY_NAME,
+    EVERYWHERE,
+    GENERIC_OPTIONS,
+    GROUPS,
+    IGNORED_COMMENT,
+    IGNORED_PREFIX,
+    Kind,
+    Option,
+)
 
 GENERATOR = "python3 scripts/gen_configuration.py"
 # The options most mounts need, listed in README.md; the rest are in docs/CONFIGURATION.md.
@@ -76,24 +85,28 @@ def _markdown_row(option: Option, docs: str, *, full: bool) -> str:
     return _table_row([*cells, _meaning(option, docs)])
 
 
+def _ignored_options() -> str:
+    names = [*sorted(GENERIC_OPTIONS), f"{IGNORED_PREFIX}*", f"{IGNORED_COMMENT}=..."]
+    return ", ".join(f"`{name}`" for name in names[:-1]) + f" and `{names[-1]}`"
+
+
 def render_markdown() -> str:
     """docs/CONFIGURATION.md: every option, grouped, with default, accepted values and scope."""
-    parts = [
-        "# Configuration",
-        "",
+    paragraphs = [
         f"Generated from `nvfs/option_registry.py` by `{GENERATOR}`: edit the registry, not this "
         "file (a test fails when the two differ).",
-        "",
         "Options are given with `-o`, comma separated, as `NAME` (a flag) or `NAME=VALUE`; `-o` may be "
         "repeated. Sizes are bytes with an optional unit (`512k`, `4M`, `1G`, `1GiB`: powers of 1024); "
         "seconds may have a fraction (`0.5`). A value outside its range, an unknown option or a flag "
-        "given a value fails the mount with one line naming the option. Generic mount options (`rw`, "
-        "`dev`, `suid`, `exec`, atime variants, `_netdev`, `auto`, `nofail`, `user`, `defaults`, "
-        "`x-*`, ...) are accepted and ignored. `nvfs mount --help` lists the same options.",
-        "",
+        "given a value fails the mount with one line naming the option. `nvfs mount --help` lists the same "
+        "options.",
+        f"Accepted and ignored: the generic mount options {_ignored_options()}.",
         "*applies*: `all` stores, `S3` stores only (a directory store refuses the S3 settings), "
         "`directory` stores only, or the `GPU` engine only; elsewhere the option has no effect.",
     ]
+    parts = ["# Configuration"]
+    for paragraph in paragraphs:
+        parts += ["", textwrap.fill(paragraph, HELP_WIDTH, break_on_hyphens=False)]
     for title, options in GROUPS:
         parts += ["", f"## {title}", "", "| option | default | accepted | applies | meaning |",
                   "|---|---|---|---|---|"]

@@ -49,6 +49,16 @@ S3_ONLY = "S3"
 DIRECTORY_ONLY = "directory"
 GPU_ONLY = "GPU"
 
+# Options mount(8) and fstab pass to every filesystem; they mean nothing to nvfs.
+GENERIC_OPTIONS = frozenset({
+    "rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+    "norelatime", "strictatime", "nostrictatime", "diratime", "nodiratime", "lazytime", "nolazytime",
+    "_netdev", "auto", "noauto", "nofail", "user", "nouser", "users", "owner", "group", "defaults",
+    "async", "sync", "default_permissions",
+})
+IGNORED_PREFIX = "x-"  # options for other tools (systemd, file managers) in an fstab line
+IGNORED_COMMENT = "comment"  # fstab's comment=..., also meant for other tools
+
 _SIZE = re.compile(r"^(\d+)([kKmMgGtTpP]?)(i?[bB])?$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _SHOWN_UNITS = (("P", 1 << 50), ("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("k", 1 << 10))
@@ -101,7 +111,7 @@ class Option:
     name: str
     kind: Kind
     dest: str
-    default: object | Callable[[], object] = None  # None: off, or decided by the store (shown_default)
+    default: object | Callable[[], object] = None
     help: str = field(default="", kw_only=True)
     shown_default: str | None = field(default=None, kw_only=True)
     bounds: tuple[float, float] | None = field(default=None, kw_only=True)  # inclusive
@@ -142,7 +152,7 @@ class Option:
         if value is None or value is False:
             return "off"
         if self.kind is Kind.SIZE:
-            return format_size(int(value))  # type: ignore[call-overload]
+            return format_size(int(value))
         if self.kind is Kind.SECONDS:
             return f"{value:g}"
         return str(value)
@@ -159,14 +169,6 @@ class Option:
         if self.kind is Kind.SECONDS:
             return f"{low:g}..{high:g} s"
         return f"{int(low)}..{int(high)}"
-
-    def out_of_range(self, shown: object) -> OptionError:
-        """The error for a value past :attr:`bounds`, naming it as ``shown``."""
-        assert self.bounds is not None
-        low, high = self.bounds
-        if self.kind is Kind.SECONDS:
-            return OptionError(f"{self.name}={shown} is out of range ({low:g}..{high:g} seconds)")
-        return OptionError(f"{self.name}={shown} is out of range ({int(low)}..{int(high)})")
 
 
 def _parse_int(option: Option, text: str) -> int:
@@ -195,9 +197,14 @@ def _parse_seconds(option: Option, text: str) -> float:
 
 def _in_bounds(option: Option, value: _Number, shown: object) -> _Number:
     """``value`` if it is within the option's bounds (NaN is not), else an error showing ``shown``."""
-    if option.bounds is not None and not option.bounds[0] <= value <= option.bounds[1]:
-        raise option.out_of_range(shown)
-    return value
+    if option.bounds is None:
+        return value
+    low, high = option.bounds
+    if low <= value <= high:
+        return value
+    if option.kind is Kind.SECONDS:
+        raise OptionError(f"{option.name}={shown} is out of range ({low:g}..{high:g} seconds)")
+    raise OptionError(f"{option.name}={shown} is out of range ({int(low)}..{int(high)})")
 
 
 def _parse_choice(option: Option, text: str) -> str:
@@ -331,6 +338,11 @@ GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
 )
 OPTIONS: tuple[Option, ...] = tuple(option for _title, options in GROUPS for option in options)
 BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def is_ignored(name: str) -> bool:
+    """Whether ``name`` is an option nvfs accepts and ignores: generic, for other tools, a comment."""
+    return name in GENERIC_OPTIONS or name.startswith(IGNORED_PREFIX) or name == IGNORED_COMMENT
 
 
 def find_option(name: str) -> Option:

@@ -10,18 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nvfs.backend.deadlines import Deadlines
-from nvfs.option_registry import OPTIONS, Option, OptionError, find_option
+from nvfs.option_registry import OPTIONS, Option, OptionError, find_option, is_ignored
 from nvfs.vfs import VfsConfig
 
-__all__ = ["GENERIC_OPTIONS", "MountOptions", "OptionError", "default_options", "parse_options"]
+__all__ = ["MountOptions", "OptionError", "default_options", "parse_options"]
 
-# Options mount(8) and fstab pass to every filesystem; they mean nothing to nvfs.
-GENERIC_OPTIONS = frozenset({
-    "rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
-    "norelatime", "strictatime", "nostrictatime", "diratime", "nodiratime", "lazytime", "nolazytime",
-    "_netdev", "auto", "noauto", "nofail", "user", "nouser", "users", "owner", "group", "defaults",
-    "async", "sync", "default_permissions",
-})
 _DEADLINES = ("connect_timeout", "read_timeout", "request_timeout")
 
 
@@ -57,7 +50,7 @@ class MountOptions:
 def default_options() -> MountOptions:
     """What a mount runs with when no ``-o`` option is given."""
     own = {option.dest: option.initial() for option in OPTIONS if "." not in option.dest}
-    return MountOptions(vfs=VfsConfig(), **own)  # type: ignore[arg-type]
+    return MountOptions(vfs=VfsConfig(), **own)
 
 
 def parse_options(specs: list[str]) -> MountOptions:
@@ -66,16 +59,11 @@ def parse_options(specs: list[str]) -> MountOptions:
     for spec in specs:
         for item in filter(None, (part.strip() for part in spec.split(","))):
             name, has_value, value = item.partition("=")
-            if not _ignored(name):
+            if not is_ignored(name):
                 option = find_option(name)
                 _assign(options, option, option.parse(value if has_value else None))
     _check_deadlines(options.backend)
     return options
-
-
-def _ignored(name: str) -> bool:
-    """Generic mount(8) options, ``x-*`` options for other tools, and fstab comments."""
-    return name in GENERIC_OPTIONS or name.startswith("x-") or name == "comment"
 
 
 def _assign(options: MountOptions, option: Option, value: object) -> None:
@@ -84,7 +72,7 @@ def _assign(options: MountOptions, option: Option, value: object) -> None:
     if where == "vfs":
         setattr(options.vfs, attribute, value)
     elif where == "backend":
-        options.backend[attribute] = value  # type: ignore[assignment]
+        options.backend[attribute] = value
     elif where == "fuse":
         options.fuse.add(attribute)
     else:

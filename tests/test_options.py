@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nvfs.option_docs import GENERATOR, HELP_WIDTH, render_markdown, with_readme_table
-from nvfs.option_registry import BY_NAME, OPTIONS, Kind, Option, format_size, parse_size
-from nvfs.options import GENERIC_OPTIONS, MountOptions, OptionError, default_options, parse_options
+from nvfs.option_registry import BY_NAME, GENERIC_OPTIONS, OPTIONS, Kind, Option, format_size, parse_size
+from nvfs.options import MountOptions, OptionError, default_options, parse_options
 from nvfs.vfs import VfsConfig
 from tests.conftest import nvfs
 
