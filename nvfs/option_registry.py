@@ -92,7 +92,7 @@ def default_fetch_procs(cores: int) -> int:
     return FETCH_PROCS_ON_MANY_CORES if cores >= FETCH_PROCS_MIN_CORES else 0
 
 
-def _default_fetch_procs_here() -> int:
+def _fetch_procs_for_this_host() -> int:
     return default_fetch_procs(os.cpu_count() or 1)
 
 
@@ -287,7 +287,7 @@ GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
                help="most a sequential reader is read ahead"),
         Option("threads", Kind.INT, "vfs.threads", VfsConfig.threads, bounds=(1, 256),
                shown_default="max(4, cores)", help="worker threads for compression and storage I/O"),
-        Option("fetch_procs", Kind.INT, "fetch_procs", _default_fetch_procs_here, bounds=(0, 64),
+        Option("fetch_procs", Kind.INT, "fetch_procs", _fetch_procs_for_this_host, bounds=(0, 64),
                applies=S3_ONLY,
                shown_default=f"{FETCH_PROCS_ON_MANY_CORES} on {FETCH_PROCS_MIN_CORES}+ cores, else 0",
                help="processes that GET, decode and verify chunks from S3 outside the daemon's GIL; the "
