@@ -18,11 +18,12 @@ from collections.abc import Iterator
 from nvfs.backend import Backend, BackendError, StagedBackend, open_backend
 from nvfs.codec import CodecError, make_engine
 from nvfs.daemon import default_log_file, run_in_background, serve, setup_logging
+from nvfs.option_docs import render_help
+from nvfs.option_registry import SHARED_METADATA_TTL
 from nvfs.options import MountOptions, OptionError, parse_options
 from nvfs.store import ChunkFileCache, DiskCacheError, FetchPool, SharedSlots, Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
-SHARED_METADATA_TTL = 5.0  # seconds until a file another mount committed is listed here
 XATTR = "user.nvfs."
 
 
@@ -33,11 +34,13 @@ class CliError(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nvfs", description="A FUSE filesystem for checkpoints.")
     commands = parser.add_subparsers(dest="command", required=True)
-    mount = commands.add_parser("mount", help="mount a store (a backing directory) on a mountpoint")
-    mount.add_argument("source", help="backing directory of the store (created on first mount if empty)")
+    mount = commands.add_parser("mount", help="mount a store (a directory or an S3 prefix) on a mountpoint",
+                                epilog=render_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    mount.add_argument("source", help="backing directory of the store (created on first mount if empty), "
+                                      "or s3://BUCKET/PREFIX")
     mount.add_argument("mountpoint")
     mount.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT=VAL...]",
-                       help="mount options, see README.md, \"Options\"")
+                       help="mount options, listed below")
     mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     umount = commands.add_parser("umount", help="unmount and wait until the daemon has stored everything")
     umount.add_argument("mountpoint")

@@ -138,7 +138,7 @@ def serve(store: Store, source: str, mountpoint: str, options: MountOptions, rea
     vfs = Vfs(store, options.vfs)
     fuse_options = set(pyfuse3.default_options) | {f"fsname={source}", "subtype=nvfs"} | options.fuse
     try:
-        pyfuse3.init(Operations(vfs, options.direct_writes), mountpoint, fuse_options)
+        pyfuse3.init(Operations(vfs, not options.cached_writes), mountpoint, fuse_options)
     except RuntimeError as exc:
         ready(f"cannot mount on {mountpoint}: {exc}")
         return 1

@@ -111,9 +111,12 @@ def test_mountpoint_is_busy(mount_factory):
 @pytest.mark.parametrize(("option", "named"), [
     ("bogus=1", "bogus"), ("chunk_size=abc", "abc"), ("engine=fast", "engine"), ("gpu=-1", "gpu"),
     ("gpu=one", "gpu"), ("codec=lz4", "codec"), ("cached_writes=1", "cached_writes"),
-    ("write_timeout=0.5", "write_timeout"),
+    ("write_timeout=0.5", "write_timeout"), ("chunksize=1M", "did you mean chunk_size?"),
+    ("endpoint_url=s3.example.com", "endpoint_url must be an http:// or https:// URL"),
+    ("stage_dir=", "stage_dir needs a value"),
 ], ids=["unknown_option", "bad_option_value", "unknown_engine", "negative_gpu", "gpu_not_a_number",
-        "unknown_codec", "flag_with_value", "write_timeout_too_short"])
+        "unknown_codec", "flag_with_value", "write_timeout_too_short", "misspelt_option",
+        "url_without_scheme", "empty_path"])
 def test_bad_option_is_refused(mount_factory, option, named):
     mount = mount_factory()
     result = _mount_cli(mount, "-o", option)
