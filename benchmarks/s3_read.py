@@ -123,7 +123,7 @@ from benchmarks.save import (  # noqa: E402
     zero_row_fraction,
 )
 from nvfs.options import parse_options  # noqa: E402
-from tests.seaweed import REGION, SeaweedServer  # noqa: E402
+from nvfs.testing.seaweed import REGION, SeaweedServer  # noqa: E402
 
 HEADROOM = 256 * MIB  # the RSS bound is cache_size + max_inflight + this
 SAFETENSORS_TENSORS = 64

@@ -889,7 +889,7 @@ def bench_nvfs_stage(ctx: Context, row: Row) -> None:
 
 
 def bench_nvfs_s3(ctx: Context, row: Row, extra_options: str = "") -> None:
-    from tests.seaweed import SeaweedServer
+    from nvfs.testing.seaweed import SeaweedServer
 
     place = ctx.work / row.key
     place.mkdir(exist_ok=True)
