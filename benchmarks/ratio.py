@@ -38,7 +38,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import safetensors.torch
@@ -46,6 +45,7 @@ import torch
 import zstandard
 
 from benchmarks.harness import cli
+from benchmarks.harness.checkpoint import tensors
 from benchmarks.harness.report import Check, Result, print_acceptance
 from benchmarks.harness.system import load_note
 from benchmarks.ratio_checkpoints import existing_checkpoints, make_checkpoints
@@ -67,26 +67,14 @@ _NUMPY_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 # ----- what each file holds ------------------------------------------------------------------
 
-def walk_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a nested dict/list/tuple structure."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from walk_tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from walk_tensors(value)
-
-
-def storages(tensors: Iterator[torch.Tensor]) -> list[torch.Tensor]:
+def storages(found: Iterator[torch.Tensor]) -> list[torch.Tensor]:
     """One tensor per distinct storage, covering the whole storage.
 
     ``torch.save`` writes whole storages once each, however many views share them, so the
     bound must count storages, not tensors.
     """
     seen: dict[int, torch.Tensor] = {}
-    for tensor in tensors:
+    for tensor in found:
         storage = tensor.untyped_storage()
         if storage.data_ptr() in seen or storage.nbytes() == 0:
             continue
@@ -101,7 +89,7 @@ def file_tensors(path: Path) -> list[torch.Tensor]:
     if path.suffix == ".safetensors":
         return list(safetensors.torch.load_file(str(path)).values())
     if path.suffix == ".pt":
-        return storages(walk_tensors(torch.load(path, map_location="cpu", weights_only=True)))
+        return storages(t for _, t in tensors(torch.load(path, map_location="cpu", weights_only=True)))
     return dcp_file_tensors(path)
 
 
@@ -122,7 +110,7 @@ def dcp_file_tensors(path: Path) -> list[torch.Tensor]:
     data = path.read_bytes()
     loaded = (torch.load(io.BytesIO(data[info.offset : info.offset + info.length]), weights_only=True)
               for info in items)
-    return storages(t for item in loaded for t in walk_tensors(item))
+    return storages(t for item in loaded for _, t in tensors(item))
 
 
 # ----- the bound -----------------------------------------------------------------------------

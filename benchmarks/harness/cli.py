@@ -42,7 +42,7 @@ def print_header(work: Path | None, *lines: str) -> dict[str, Any]:
     """Print the command, the machine and ``lines``; returns the machine for the JSON result."""
     machine = system.machine(work)
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"machine: {system.machine_line(machine)}; nvfs {system.nvfs_revision()}")
+    print(f"machine: {system.machine_line(machine)}; nvfs {machine['commit']}")
     if work is not None:
         print(f"workdir: {work}; {system.load_note()}")
     for line in lines:

@@ -41,17 +41,6 @@ def commit() -> str:
     return head + ("+dirty" if _git("status", "--porcelain", "--", "nvfs") else "")
 
 
-def nvfs_revision() -> str:
-    """:func:`commit` in words, for a run's header."""
-    head = _git("rev-parse", "--short", "HEAD")
-    if not head:
-        return "(not a git checkout)"
-    dirty = _git("status", "--porcelain", "--", "nvfs")
-    if not dirty:
-        return head
-    return f"{head} + uncommitted changes in {len(dirty.splitlines())} file(s) under nvfs/"
-
-
 def gpu_name() -> str | None:
     """The first GPU's name from ``nvidia-smi`` (which makes no CUDA context), None without one."""
     if shutil.which("nvidia-smi") is None:
