@@ -38,15 +38,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import cupy as cp
 import numpy as np
 import torch
-from nvidia import nvcomp
+
+try:  # --help works anywhere; a run needs the GPU machine's CuPy and nvCOMP
+    import cupy as cp
+    from nvidia import nvcomp
+
+    from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes
+except ImportError as exc:
+    GPU_MISSING: ImportError | None = exc
+else:
+    GPU_MISSING = None
 
 from benchmarks.harness import cli
 from benchmarks.harness.report import Check, Result, print_acceptance
 from nvfs.codec import CpuEngine, ElementKind, Region, make_engine
-from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes
 from nvfs.codec.planes import ITEM_SIZE, parse_params
 
 CHUNK = 4 << 20
@@ -198,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gib", type=float, default=1.0, help="GiB of data per dtype (default 1)")
     cli.add_json_arg(parser)
     args = parser.parse_args(argv)
+    if GPU_MISSING is not None:
+        parser.error(f"needs CuPy and nvCOMP (benchmarks/gpu_setup.sh install): {GPU_MISSING}")
     size = int(args.gib * (1 << 30)) // BATCH_BYTES * BATCH_BYTES
     machine = cli.print_header(None)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, nvCOMP {nvcomp.__version__}, "
