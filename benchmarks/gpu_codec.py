@@ -1,8 +1,8 @@
 """GPU codec speed and ratio on checkpoint data: nvfs's GPU engine vs nvCOMP on raw bytes vs the CPU engine.
 
-Run on the GPU machine (prepared by ``benchmarks/gpu_setup.sh install``)::
+Run on the GPU machine (prepared by ``benchmarks/gpu_setup.sh install``), from the repository root::
 
-    python3 benchmarks/gpu_codec.py --gib 1
+    python3 -m benchmarks.gpu_codec --gib 1
 
 Data, seeded, built on the GPU with torch: bf16 weights (normal, std 0.02) and fp32 optimizer
 state (a third each of master weights, AdamW ``exp_avg`` and ``exp_avg_sq`` shaped values),
@@ -37,20 +37,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
 
-import cupy as cp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from nvidia import nvcomp  # noqa: E402
+try:  # --help works anywhere; a run needs the GPU machine's CuPy and nvCOMP
+    import cupy as cp
+    from nvidia import nvcomp
 
-from nvfs.codec import CpuEngine, ElementKind, Region, make_engine  # noqa: E402
-from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes  # noqa: E402
-from nvfs.codec.planes import ITEM_SIZE, parse_params  # noqa: E402
+    from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes
+except ImportError as exc:
+    GPU_MISSING: ImportError | None = exc
+else:
+    GPU_MISSING = None
+
+from benchmarks.harness import cli
+from benchmarks.harness.report import Check, Result, print_acceptance
+from nvfs.codec import CpuEngine, ElementKind, Region, make_engine
+from nvfs.codec.planes import ITEM_SIZE, parse_params
 
 CHUNK = 4 << 20
 FRAME = 128 << 10
@@ -195,11 +199,16 @@ def fmt(value: float | None) -> str:
     return f"{value:8.1f}" if value is not None else f"{'-':>8}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu_codec",
+                                     description=__doc__.split("\n", 1)[0])
     parser.add_argument("--gib", type=float, default=1.0, help="GiB of data per dtype (default 1)")
-    args = parser.parse_args()
+    cli.add_json_arg(parser)
+    args = parser.parse_args(argv)
+    if GPU_MISSING is not None:
+        parser.error(f"needs CuPy and nvCOMP (benchmarks/gpu_setup.sh install): {GPU_MISSING}")
     size = int(args.gib * (1 << 30)) // BATCH_BYTES * BATCH_BYTES
+    machine = cli.print_header(None)
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, nvCOMP {nvcomp.__version__}, "
           f"cupy {cp.__version__}, torch {torch.__version__}, {len(os.sched_getaffinity(0))} CPU cores; "
           f"{size / 2**30:.2f} GiB per dtype in {CHUNK >> 20} MiB chunks", flush=True)
@@ -223,30 +232,30 @@ def main() -> int:
     for row in rows:
         print(f"{row.data:<5} {row.method:<30} {row.ratio:>6.3f}x {row.bound:>7.3f} {fmt(row.comp_dev)} "
               f"{fmt(row.decomp_dev)} {fmt(row.comp_host)} {fmt(row.decomp_host)}")
-    return report(rows)
+    checks = acceptance(rows)
+    print()
+    print_acceptance(checks, "acceptance (issue 4)")
+    Result("gpu_codec", args, machine, rows=rows, acceptance=checks).write()
+    return 0
 
 
-def report(rows: list[Row]) -> int:
-    """The acceptance checks of issue 4, each PASS or FAIL."""
+def acceptance(rows: list[Row]) -> list[Check]:
+    """The acceptance checks of issue 4."""
     checks = []
     for data in ("bf16", "fp32"):
         by = {row.method.split(",")[0]: row for row in rows if row.data == data}
         portable, ans, cpu = by["nvfs gpu portable"], by["nvfs gpu ans"], by["nvfs cpu engine"]
         checks += [
-            (f"{data} portable compress {portable.comp_dev:.1f} GB/s >= 20", portable.comp_dev >= 20),
-            (f"{data} portable decompress {portable.decomp_dev:.1f} GB/s >= 60", portable.decomp_dev >= 60),
-            (f"{data} portable ratio {portable.ratio:.3f}x within 2% of CPU engine {cpu.ratio:.3f}x",
-             portable.ratio >= 0.98 * cpu.ratio),
-            (f"{data} ans compress {ans.comp_dev:.1f} and decompress {ans.decomp_dev:.1f} GB/s >= 200",
-             min(ans.comp_dev, ans.decomp_dev) >= 200),
-            (f"{data} ans {ans.bound:.3f} of the bound >= 0.97", ans.bound >= 0.97),
+            Check(f"{data} portable compress {portable.comp_dev:.1f} GB/s >= 20", portable.comp_dev >= 20),
+            Check(f"{data} portable decompress {portable.decomp_dev:.1f} GB/s >= 60",
+                  portable.decomp_dev >= 60),
+            Check(f"{data} portable ratio {portable.ratio:.3f}x within 2% of CPU engine {cpu.ratio:.3f}x",
+                  portable.ratio >= 0.98 * cpu.ratio),
+            Check(f"{data} ans compress {ans.comp_dev:.1f} and decompress {ans.decomp_dev:.1f} GB/s >= 200",
+                  min(ans.comp_dev, ans.decomp_dev) >= 200),
+            Check(f"{data} ans {ans.bound:.3f} of the bound >= 0.97", ans.bound >= 0.97),
         ]
-    print("\nacceptance (issue 4)")
-    for text, ok in checks:
-        print(f"  {'PASS' if ok else 'FAIL'} {text}")
-    passed = sum(ok for _, ok in checks)
-    print(f"  overall: {'PASS' if passed == len(checks) else 'FAIL'} ({passed}/{len(checks)} checks)")
-    return 0
+    return checks
 
 
 if __name__ == "__main__":

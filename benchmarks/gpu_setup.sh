@@ -5,11 +5,11 @@
 #   bash benchmarks/gpu_setup.sh install    # there, as root: installs into /tmp/site and /tmp/bin, then
 #   export PYTHONPATH=/tmp/site:$PWD LD_LIBRARY_PATH=$PWD/.gpu/fuse/lib PATH=/tmp/bin:$PATH
 #
-# For benchmarks/s3_read.py and the GPU tests on S3 on that many-core machine (SeaweedFS there too):
+# For `python3 -m benchmarks.s3_read` and the GPU tests on S3 on that many-core machine (SeaweedFS there too):
 #   bash benchmarks/gpu_setup.sh s3kit      # here, after download: fills .gpu/s3/ (.gpu: about 62 MiB)
 #   bash benchmarks/gpu_setup.sh s3install  # there, carrying .gpu only; same exports as above
 # With nvCOMP installed, mounts there take the GPU engine (engine=auto): for the CPU engine's
-# numbers pass `--mount-options engine=cpu` to s3_read.py. Without .gpu/s3/nvcomp.tar.xz the kit
+# numbers pass `--mount-options engine=cpu` to benchmarks.s3_read. Without .gpu/s3/nvcomp.tar.xz the kit
 # installs for the CPU engine only, leaving room in the carry for other wheels put in .gpu/s3/whl
 # (py-spy, 3 MB, was carried so).
 #

@@ -18,10 +18,10 @@ Every file is cut into 4 MiB chunks and coded exactly as the filesystem does: on
 and a stored object of 64 header bytes + params + payload. Every chunk is decoded back and
 compared with the original.
 
-Run::
+The checkpoints are made by :mod:`benchmarks.ratio_checkpoints`. Run, from the repository root::
 
-    python3 benchmarks/ratio.py            # ~5M parameters, 300 steps
-    python3 benchmarks/ratio.py --quick    # smoke run
+    python3 -m benchmarks.ratio            # ~5M parameters, 300 steps
+    python3 -m benchmarks.ratio --quick    # smoke run
 
 The exit status is 0 only if every acceptance check passes.
 """
@@ -31,25 +31,24 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import safetensors.torch
 import torch
-import torch.nn.functional as F
 import zstandard
-from torch import nn
 
+from benchmarks.harness import cli
+from benchmarks.harness.checkpoint import tensors
+from benchmarks.harness.report import Check, Result, print_acceptance
+from benchmarks.harness.system import load_note
+from benchmarks.ratio_checkpoints import existing_checkpoints, make_checkpoints
 from nvfs.codec import CpuEngine, ElementKind, Encoded, LayoutTracker
 from nvfs.store.chunk import HEADER
 
@@ -66,206 +65,16 @@ FLOAT_FIELDS: dict[torch.dtype, tuple[int, int, torch.dtype]] = {
 _NUMPY_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-# ----- training ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Model and optimizer shape; the defaults keep 300 steps within ~2 minutes on 2 cores."""
-
-    width: int = 256
-    layers: int = 6
-    seq: int = 128
-    batch: int = 4
-    steps: int = 300
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    seed: int = 0
-
-    @property
-    def heads(self) -> int:
-        return max(1, self.width // 64)
-
-
-QUICK = TrainConfig(width=64, layers=2, seq=64, batch=4, steps=20)
-
-
-def stdlib_corpus() -> torch.Tensor:
-    """Every ``*.py`` of the standard library (not site-packages), sorted, as one byte tensor.
-
-    Real text that every Python machine has, so the run needs no download and is reproducible
-    for a given Python version.
-    """
-    root = Path(os.path.dirname(os.__file__))
-    paths = sorted(p for p in root.rglob("*.py")
-                   if "site-packages" not in p.parts and "dist-packages" not in p.parts)
-    data = b"\n".join(p.read_bytes() for p in paths if p.is_file())
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block: causal self-attention and a 4x GELU MLP."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.out = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, width = x.shape
-        qkv = self.qkv(self.ln1(x)).view(batch, seq, 3, self.heads, width // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(attended.transpose(1, 2).reshape(batch, seq, width))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class ByteGPT(nn.Module):
-    """Decoder-only language model over bytes (vocabulary 256), untied output head."""
-
-    def __init__(self, config: TrainConfig) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(256, config.width)
-        self.pos = nn.Embedding(config.seq, config.width)
-        self.blocks = nn.ModuleList(Block(config.width, config.heads) for _ in range(config.layers))
-        self.ln = nn.LayerNorm(config.width)
-        self.head = nn.Linear(config.width, 256, bias=False)
-        self._init_weights(config.layers)
-
-    def _init_weights(self, layers: int) -> None:
-        """GPT-2 init: N(0, 0.02) weights, residual projections scaled down, zero biases.
-
-        PyTorch's default uniform init would give weights a different exponent histogram
-        than the normal init real language models use.
-        """
-        for name, param in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            elif param.dim() == 1:
-                nn.init.ones_(param)
-            else:
-                residual = name.endswith(("proj.weight", "out.weight"))
-                nn.init.normal_(param, std=0.02 / math.sqrt(2 * layers) if residual else 0.02)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.tok(tokens) + self.pos.weight[: tokens.shape[1]]
-        for block in self.blocks:
-            hidden = block(hidden)
-        return self.head(self.ln(hidden))
-
-
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    """AdamW as LLM trainers set it up: no weight decay on biases and LayerNorm weights."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
-
-
-def learning_rate(config: TrainConfig, step: int) -> float:
-    """Linear warmup over 10% of the steps, then cosine decay to 10% of the peak."""
-    warmup = max(1, config.steps // 10)
-    if step < warmup:
-        return config.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, config.steps - warmup)
-    return config.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
-
-
-def sample_batch(corpus: torch.Tensor, config: TrainConfig, gen: torch.Generator) -> torch.Tensor:
-    """``batch`` random windows of ``seq + 1`` bytes (inputs and shifted targets)."""
-    starts = torch.randint(0, len(corpus) - config.seq - 1, (config.batch, 1), generator=gen)
-    return corpus[starts + torch.arange(config.seq + 1)].long()
-
-
-def train(config: TrainConfig, corpus: torch.Tensor) -> tuple[ByteGPT, torch.optim.AdamW, list[float]]:
-    """Train with grad clipping at 1.0; returns the model, its optimizer and the losses (nats)."""
-    torch.manual_seed(config.seed)
-    gen = torch.Generator().manual_seed(config.seed)
-    model = ByteGPT(config)
-    optimizer = make_optimizer(model, config)
-    losses: list[float] = []
-    for step in range(config.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(config, step)
-        window = sample_batch(corpus, config, gen)
-        logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 256), window[:, 1:].reshape(-1))
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return model, optimizer, losses
-
-
-# ----- checkpoints ---------------------------------------------------------------------------
-
-def mixed_state(model: nn.Module, optimizer: torch.optim.AdamW, config: TrainConfig,
-                loss: float) -> dict[str, Any]:
-    """The state a bf16 mixed-precision trainer saves: the bf16 weights are the fp32 masters cast."""
-    return {
-        "model": {name: p.detach().to(torch.bfloat16) for name, p in model.named_parameters()},
-        "master_weights": {name: p.detach().clone() for name, p in model.named_parameters()},
-        "optimizer": optimizer.state_dict(),
-        "iteration": config.steps,
-        "loss": loss,
-        "config": asdict(config),
-        "rng_state": torch.get_rng_state(),
-    }
-
-
-def save_checkpoints(state: dict[str, Any], workdir: Path) -> list[Path]:
-    """Write every checkpoint file; returns them in table order (DCP skipped with a note)."""
-    paths = [workdir / "train_mixed.pt", workdir / "weights_bf16.safetensors",
-             workdir / "weights_fp32.safetensors"]
-    torch.save(state, paths[0])
-    safetensors.torch.save_file(state["model"], str(paths[1]))
-    safetensors.torch.save_file(state["master_weights"], str(paths[2]))
-    return paths + save_dcp(state, workdir / "dcp")
-
-
-def save_dcp(state: dict[str, Any], directory: Path) -> list[Path]:
-    """``torch.distributed.checkpoint.save`` without a process group; [] with a note if it fails."""
-    shutil.rmtree(directory, ignore_errors=True)  # no files of an earlier run in the rows
-    try:
-        import torch.distributed.checkpoint as dcp
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(directory)))
-    except Exception as exc:  # any failure only drops these rows
-        print(f"note: torch.distributed.checkpoint.save failed, DCP rows skipped: {exc!r}")
-        return []
-    return sorted(p for p in directory.iterdir() if p.is_file())
-
-
 # ----- what each file holds ------------------------------------------------------------------
 
-def walk_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a nested dict/list/tuple structure."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from walk_tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from walk_tensors(value)
-
-
-def storages(tensors: Iterator[torch.Tensor]) -> list[torch.Tensor]:
+def storages(found: Iterator[torch.Tensor]) -> list[torch.Tensor]:
     """One tensor per distinct storage, covering the whole storage.
 
     ``torch.save`` writes whole storages once each, however many views share them, so the
     bound must count storages, not tensors.
     """
     seen: dict[int, torch.Tensor] = {}
-    for tensor in tensors:
+    for tensor in found:
         storage = tensor.untyped_storage()
         if storage.data_ptr() in seen or storage.nbytes() == 0:
             continue
@@ -280,7 +89,7 @@ def file_tensors(path: Path) -> list[torch.Tensor]:
     if path.suffix == ".safetensors":
         return list(safetensors.torch.load_file(str(path)).values())
     if path.suffix == ".pt":
-        return storages(walk_tensors(torch.load(path, map_location="cpu", weights_only=True)))
+        return storages(t for _, t in tensors(torch.load(path, map_location="cpu", weights_only=True)))
     return dcp_file_tensors(path)
 
 
@@ -301,7 +110,7 @@ def dcp_file_tensors(path: Path) -> list[torch.Tensor]:
     data = path.read_bytes()
     loaded = (torch.load(io.BytesIO(data[info.offset : info.offset + info.length]), weights_only=True)
               for info in items)
-    return storages(t for item in loaded for t in walk_tensors(item))
+    return storages(t for item in loaded for _, t in tensors(item))
 
 
 # ----- the bound -----------------------------------------------------------------------------
@@ -531,40 +340,21 @@ def file_checks(row: Row) -> list[tuple[bool | None, str]]:
     return checks
 
 
-def print_acceptance(rows: Sequence[Row], total: Row) -> bool:
-    """Per file: bound fraction and byte-grouped zstd; on the total: speeds. Returns all-passed."""
-    print("\nacceptance")
-    verdicts: list[bool] = []
-    for row in rows:
-        checks = file_checks(row)
-        verdicts += [ok for ok, _ in checks if ok is not None]
-        print(f"  {row.name:<26} " + "; ".join(f"{_mark(ok)} {text}" for ok, text in checks))
+def acceptance(rows: Sequence[Row], total: Row) -> list[Check]:
+    """Per file: bound fraction and byte-grouped zstd; on the total: speeds."""
+    checks = [Check(f"{row.name}: {text}", ok) for row in rows for ok, text in file_checks(row)]
     for key, label in (("enc", "compress"), ("dec", "decompress")):
         nvfs_s, zstd_s = speed(total, f"nvfs_{key}"), speed(total, f"zstd_{key}")
-        verdicts.append(nvfs_s >= zstd_s)
-        print(f"  {'TOTAL ' + label:<26} {_mark(nvfs_s >= zstd_s)} nvfs {nvfs_s:.0f} MB/s >= zstd-3 "
-              f"{zstd_s:.0f} MB/s")
-    print(f"  overall: {'PASS' if all(verdicts) else 'FAIL'} ({sum(verdicts)}/{len(verdicts)} checks)")
-    return all(verdicts)
-
-
-def _mark(ok: bool | None) -> str:
-    return "n/a " if ok is None else "PASS" if ok else "FAIL"
-
-
-def machine_info() -> str:
-    """CPU, load and versions: what the speeds depend on (the machine may be shared)."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "?")
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    return (f"nproc {len(os.sched_getaffinity(0))} ({cpu}), load {load}, python {platform.python_version()}, "
-            f"torch {torch.__version__}, zstandard {zstandard.__version__}")
+        text = f"TOTAL {label}: nvfs {nvfs_s:.0f} MB/s >= zstd-3 {zstd_s:.0f} MB/s"
+        checks.append(Check(text, nvfs_s >= zstd_s))
+    return checks
 
 
 # ----- main ----------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.ratio",
+                                     description=(__doc__ or "").split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=None, help="AdamW steps (default 300; --quick: 20)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="write the checkpoints here and keep them (default: a temp dir, removed)")
@@ -573,6 +363,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny model, 20 steps: a smoke run")
     parser.add_argument("--repeats", type=int, default=5, help="timing repeats, best kept (default 5)")
     parser.add_argument("--seed", type=int, default=0)
+    cli.add_json_arg(parser)
     args = parser.parse_args(argv)
     if args.reuse and args.workdir is None:
         parser.error("--reuse needs --workdir")
@@ -581,36 +372,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def make_checkpoints(args: argparse.Namespace, workdir: Path) -> list[Path]:
-    """Train, save every format, and say what was trained."""
-    base = QUICK if args.quick else TrainConfig()
-    config = TrainConfig(**{**asdict(base), "seed": args.seed,
-                            **({"steps": args.steps} if args.steps is not None else {})})
-    torch.set_num_threads(2)
-    corpus = stdlib_corpus()
-    start = time.perf_counter()
-    model, optimizer, losses = train(config, corpus)
-    train_s = time.perf_counter() - start
-    params = sum(p.numel() for p in model.parameters())
-    tail = losses[-20:]
-    print(f"model: width {config.width}, {config.layers} layers, {config.heads} heads, seq {config.seq}, "
-          f"batch {config.batch}, {params / 1e6:.2f}M parameters; corpus {len(corpus) / 2**20:.1f} MiB "
-          f"of stdlib *.py")
-    print(f"training: {config.steps} AdamW steps in {train_s:.1f}s; loss {losses[0] / math.log(2):.2f} -> "
-          f"{sum(tail) / len(tail) / math.log(2):.2f} bits/byte (mean of last {len(tail)})", flush=True)
-    state = mixed_state(model, optimizer, config, losses[-1])
-    return save_checkpoints(state, workdir)
-
-
-def existing_checkpoints(workdir: Path) -> list[Path]:
-    """The files a previous run left in ``workdir``, in table order."""
-    names = ["train_mixed.pt", "weights_bf16.safetensors", "weights_fp32.safetensors"]
-    dcp_dir = workdir / "dcp"
-    dcp_files = sorted(p for p in dcp_dir.iterdir() if p.is_file()) if dcp_dir.is_dir() else []
-    return [workdir / name for name in names if (workdir / name).exists()] + dcp_files
-
-
-def run(args: argparse.Namespace, workdir: Path) -> bool:
+def run(args: argparse.Namespace, workdir: Path, result: Result) -> bool:
     """Make (or find) the checkpoints, measure every file, print the table and the verdicts."""
     paths = existing_checkpoints(workdir) if args.reuse else make_checkpoints(args, workdir)
     engine = CpuEngine(level=ZSTD_LEVEL)
@@ -619,24 +381,28 @@ def run(args: argparse.Namespace, workdir: Path) -> bool:
     print(f"measured {len(rows)} files in {time.perf_counter() - start:.1f}s ({args.repeats} repeats)\n")
     total = total_row(rows)
     print_table([*rows, total])
-    return print_acceptance(rows, total)
+    print()
+    result.rows, result.acceptance = [*rows, total], acceptance(rows, total)
+    return print_acceptance(result.acceptance)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    print(f"machine: {machine_info()}")
+    machine = cli.print_header(None, f"zstandard {zstandard.__version__}; {load_note()}")
+    result = Result("ratio", args, machine)
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         workdir = args.workdir
     else:
         workdir = Path(tempfile.mkdtemp(prefix="nvfs-bench-ratio-"))
     try:
-        passed = run(args, workdir)
+        passed = run(args, workdir, result)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"\ntotal runtime {time.perf_counter() - started:.1f}s")
+    result.write()
     return 0 if passed else 1
 
 

@@ -4,9 +4,9 @@ pyfuse3 answers every request on one thread, and it copies a read's reply to the
 holding the GIL. So one sequential reader is bounded by that thread, whatever the store. This
 script times ``cat FILE > /dev/null`` (page cache dropped before each) of one file through:
 
-1. **null FUSE**, a pyfuse3 filesystem defined here, run as its own process
-   (``--serve-null``), whose ``read`` returns a view into 64 MiB of random bytes made at mount,
-   with the kernel's read-ahead on the mount at 1 MiB as nvfs sets it (1 MiB requests):
+1. **null FUSE**, :mod:`benchmarks.harness.null_fs` serving a file whose ``read`` returns a
+   view into 64 MiB of random bytes made at mount, with the kernel's read-ahead on the mount at
+   1 MiB as nvfs sets it (1 MiB requests):
    a. replies from heap memory;
    b. replies from memfd maps, the memory fetch processes hand decoded chunks over in;
    c. at the kernel's default read-ahead of 128 KiB (128 KiB requests), heap memory;
@@ -16,122 +16,37 @@ script times ``cat FILE > /dev/null`` (page cache dropped before each) of one fi
       decoded by the daemon while the reader waits.
 
 Each row is the median of ``--rounds`` reads; "x null" is its share of row 1a. The file is a
-seeded training state saved with ``torch.save`` (``benchmarks/save.py``'s builder), written
-through nvfs for row 2 and served as its size in bytes by the null filesystem.
+seeded training state (:mod:`benchmarks.harness.checkpoint`) saved with ``torch.save``,
+written through nvfs for row 2 and served as its size in bytes by the null filesystem.
 
-Run as root (FUSE, drop_caches)::
+Run as root (FUSE, drop_caches), from the repository root::
 
-    python3 benchmarks/read_ceiling.py --quick     # 256 MiB, smoke run
-    python3 benchmarks/read_ceiling.py             # 2 GiB, 3 rounds
+    python3 -m benchmarks.read_ceiling --quick     # 256 MiB, smoke run
+    python3 -m benchmarks.read_ceiling             # 2 GiB, 3 rounds
 """
 
 from __future__ import annotations
 
 import argparse
-import mmap
-import os
-import shlex
-import shutil
-import signal
-import stat
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import torch
 
-from benchmarks.common import MIB, drop_caches, human, make_workdir, raise_on_sigterm, timed_cat  # noqa: E402
+from benchmarks.harness import cli
+from benchmarks.harness.checkpoint import build_state, fit_shape
+from benchmarks.harness.files import drop_caches, read_files_below, timed_cat
+from benchmarks.harness.mounts import NvfsMount
+from benchmarks.harness.null_fs import DATA_NAME, NullFs
+from benchmarks.harness.report import Result, median
+from benchmarks.harness.units import MIB, human
 
-REPLY_SOURCE = 64 * MIB  # the null filesystem's file repeats this many bytes made at mount
-READY = "ready"
+NULL_ROWS = (("1a null FUSE, 1 MiB requests, heap replies", "heap", 1024),
+             ("1b null FUSE, 1 MiB requests, memfd-map replies", "memfd", 1024),
+             ("1c null FUSE, 128 KiB requests, heap replies", "heap", 128))
 
-
-# ----- the null filesystem (its own process: --serve-null MOUNTPOINT SOURCE SIZE READAHEAD_KIB) -----
-
-def reply_source(kind: str) -> memoryview:
-    """``REPLY_SOURCE`` random bytes in heap memory, or in a memfd mapped as a fetched chunk is."""
-    pattern = os.urandom(MIB) * (REPLY_SOURCE // MIB)
-    if kind == "heap":
-        return memoryview(bytearray(pattern))
-    memfd = os.memfd_create("null-reply", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(memfd, REPLY_SOURCE)
-        os.pwrite(memfd, pattern, 0)
-        # The flags nvfs/store/fetch_pool.py maps chunks with.
-        return memoryview(mmap.mmap(memfd, REPLY_SOURCE, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                                    prot=mmap.PROT_READ))
-    finally:
-        os.close(memfd)
-
-
-def serve_null(mountpoint: str, source: str, size: int, readahead_kib: int) -> int:
-    """Serve one read-only file ``data`` of ``size`` bytes; print ``ready`` once it can be read."""
-    import pyfuse3
-    import trio
-
-    from nvfs.daemon import set_kernel_readahead
-
-    replies = reply_source(source)
-
-    class NullReads(pyfuse3.Operations):
-        enable_writeback_cache = True  # as nvfs on a store of its own: the kernel's paths stay the same
-
-        async def getattr(self, inode, ctx=None):
-            attributes = pyfuse3.EntryAttributes()
-            attributes.st_ino = inode
-            is_root = inode == pyfuse3.ROOT_INODE
-            attributes.st_mode = (stat.S_IFDIR | 0o755) if is_root else (stat.S_IFREG | 0o444)
-            attributes.st_size = 0 if is_root else size
-            attributes.st_nlink = 1
-            return attributes
-
-        async def lookup(self, parent_inode, name, ctx=None):
-            if parent_inode != pyfuse3.ROOT_INODE or name != b"data":
-                raise pyfuse3.FUSEError(2)  # ENOENT
-            return await self.getattr(pyfuse3.ROOT_INODE + 1)
-
-        async def open(self, inode, flags, ctx):
-            return pyfuse3.FileInfo(fh=inode, keep_cache=True)
-
-        async def read(self, fh, off, length):
-            # A view, as nvfs replies from a cached chunk. A short reply would read as the
-            # end of the file: one crossing the end of the source (once per 64 MiB) is joined.
-            length = max(0, min(length, size - off))
-            start = off % REPLY_SOURCE
-            if start + length <= REPLY_SOURCE:
-                return replies[start : start + length]
-            return bytes(replies[start:]) + bytes(replies[: start + length - REPLY_SOURCE])
-
-    pyfuse3.init(NullReads(), mountpoint, set(pyfuse3.default_options) | {"fsname=nullreads"})
-
-    async def run() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pyfuse3.main)
-            await trio.to_thread.run_sync(os.stat, mountpoint)  # INIT is through
-            set_kernel_readahead(mountpoint, readahead_kib << 10)
-            print(READY, flush=True)
-
-    try:
-        trio.run(run)
-    finally:
-        pyfuse3.close(unmount=True)
-    return 0
-
-
-# The benchmark proper needs torch; the null filesystem process above does not import it.
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--serve-null":
-    sys.exit(serve_null(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
-
-import torch  # noqa: E402
-
-from benchmarks.save import build_state, fit_shape, machine_info  # noqa: E402
-from benchmarks.write import NvfsMount  # noqa: E402
-
-# ----- measuring ----------------------------------------------------------------------------------
 
 @dataclass
 class Row:
@@ -141,7 +56,7 @@ class Row:
 
     @property
     def median(self) -> float:
-        return sorted(self.seconds)[(len(self.seconds) - 1) // 2]
+        return median(self.seconds)
 
     @property
     def gbps(self) -> float:
@@ -154,44 +69,29 @@ def cold_cat(path: Path) -> float:
     return timed_cat(path)
 
 
-def read_files_below(directory: Path) -> None:
-    """Read every file under ``directory`` into the page cache."""
-    buffer = bytearray(8 * MIB)
-    for path in directory.rglob("*"):
-        if path.is_file():
-            with open(path, "rb", buffering=0) as f:
-                while f.readinto(buffer):
-                    pass
-
-
 def null_row(work: Path, name: str, source: str, size: int, readahead_kib: int, rounds: int) -> Row:
-    mountpoint = work / f"mnt-null-{source}-{readahead_kib}"
-    mountpoint.mkdir()
-    command = [sys.executable, str(Path(__file__).resolve()), "--serve-null", str(mountpoint), source,
-               str(size), str(readahead_kib)]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    """One null-filesystem row: its data file of ``size`` bytes read ``rounds`` times, cold."""
+    mnt = work / f"mnt-null-{source}-{readahead_kib}"
+    null = NullFs(mnt, work / f"null-{source}-{readahead_kib}.log", "--data-size", str(size),
+                  "--replies", source, "--readahead-kib", str(readahead_kib))
     row = Row(name, size)
     try:
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != READY:
-            raise RuntimeError(f"the null filesystem did not mount (exit {server.wait(10)})")
         for _ in range(rounds):
-            row.seconds.append(cold_cat(mountpoint / "data"))
+            row.seconds.append(cold_cat(mnt / DATA_NAME.decode()))
+        null.umount()
     finally:
-        subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
-        server.wait(30)
+        null.close()
     return row
 
 
 def nvfs_rows(work: Path, size_mib: int, seed: int, rounds: int) -> list[Row]:
     """Rows 2a and 2b: one file saved through nvfs, read from its memory cache and from the store."""
     cache = max(2 * size_mib, 1024)
-    store, mountpoint = work / "store", work / "mnt-nvfs"
+    store = work / "store"
     store.mkdir()
-    mountpoint.mkdir()
-    nvfs = NvfsMount(str(store), mountpoint, work / "nvfs.log", f"engine=cpu,cache_size={cache}M")
+    nvfs = NvfsMount(str(store), work / "mnt-nvfs", work / "nvfs.log", f"engine=cpu,cache_size={cache}M")
     nvfs.mount()
-    path = mountpoint / "ckpt.pt"
+    path = nvfs.mnt / "ckpt.pt"
     try:
         started = time.perf_counter()
         torch.save(build_state(fit_shape(size_mib * MIB), seed, 3), path)
@@ -203,8 +103,7 @@ def nvfs_rows(work: Path, size_mib: int, seed: int, rounds: int) -> list[Row]:
             memory.seconds.append(cold_cat(path))
         from_store = Row("2b nvfs, fresh mount, store files in the page cache", size)
         for _ in range(rounds):
-            nvfs.umount()
-            nvfs.mount()
+            nvfs.remount()
             drop_caches()
             read_files_below(store)
             from_store.seconds.append(timed_cat(path))
@@ -223,13 +122,12 @@ def print_table(rows: list[Row]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.read_ceiling",
+                                     description=__doc__.split("\n", 1)[0])
     parser.add_argument("--size-mib", type=int, default=2048, help="size of the file read (default 2048)")
     parser.add_argument("--rounds", type=int, default=3, help="reads per row; medians count (default 3)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 256 MiB, 2 rounds")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="parent of the benchmark's fresh temp dir (default /var/tmp)")
+    cli.add_common_args(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.size_mib, args.rounds = 256, 2
@@ -240,21 +138,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, raise_on_sigterm)
-    work = make_workdir(args.workdir, "nvfs-bench-read-")
-    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
-    print(f"machine: {machine_info(work)}", flush=True)
-    try:
+    with cli.workdir(args, "read") as work:
+        result = Result("read_ceiling", args, cli.print_header(work))
         stored = nvfs_rows(work, args.size_mib, args.seed, args.rounds)
-        size = stored[0].size
-        null = [("1a null FUSE, 1 MiB requests, heap replies", "heap", 1024),
-                ("1b null FUSE, 1 MiB requests, memfd-map replies", "memfd", 1024),
-                ("1c null FUSE, 128 KiB requests, heap replies", "heap", 128)]
-        rows = [null_row(work, name, source, size, readahead_kib, args.rounds)
-                for name, source, readahead_kib in null]
+        rows = [null_row(work, name, source, stored[0].size, readahead_kib, args.rounds)
+                for name, source, readahead_kib in NULL_ROWS]
         print_table([*rows, *stored])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        result.rows = [{"name": r.name, "size": r.size, "median_s": r.median, "gbps": r.gbps,
+                        "trials_s": r.seconds} for r in [*rows, *stored]]
+        result.write()
     return 0
 
 

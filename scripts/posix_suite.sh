@@ -99,7 +99,7 @@ if [[ $backend == s3 ]]; then
     coproc seaweed {
         cd "$repo" && exec python3 -u -c '
 import signal, sys
-from tests.seaweed import SeaweedServer
+from nvfs.testing.seaweed import SeaweedServer
 server = SeaweedServer(sys.argv[1]).start()
 server.create_bucket("posix")
 for name, value in server.environ().items():

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.common import children_of
-from tests.seaweed import SeaweedServer
+from nvfs.testing.procfs import children_of
+from nvfs.testing.seaweed import SeaweedServer
 
 NVFS = [sys.executable, "-m", "nvfs"]
 MIB = 1 << 20

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import proc_status
+from nvfs.testing.procfs import proc_status
 
 MIB = 1 << 20
 BURST = 512  # MiB written

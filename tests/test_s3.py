@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from nvfs.store import DEFAULT_CHUNK_SIZE
+from nvfs.testing.seaweed import SECRET_KEY, SeaweedServer, free_port
 from tests.conftest import NVFS, Mount
-from tests.seaweed import SECRET_KEY, SeaweedServer, free_port
 
 MIB = 1 << 20
 TTL = 1.0  # -o metadata_ttl of the shared-bucket tests

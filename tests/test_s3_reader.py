@@ -21,7 +21,7 @@ from nvfs.backend import s3_reader
 from nvfs.backend.base import BackendError, ObjectNotFound
 from nvfs.backend.http_get import ObjectGetter
 from nvfs.backend.s3 import S3Backend
-from tests.seaweed import SeaweedServer
+from nvfs.testing.seaweed import SeaweedServer
 
 
 @pytest.fixture(params=["prefix", "run 1/ü+%x"])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import proc_status
+from nvfs.testing.procfs import proc_status
 from tests.conftest import MIB, Mount, wait_until
 
 NOBODY = 65534
