@@ -49,8 +49,9 @@ import torch  # noqa: E402
 from nvidia import nvcomp  # noqa: E402
 
 from nvfs.codec import CpuEngine, ElementKind, Region, make_engine  # noqa: E402
+from nvfs.codec.base import ITEM_SIZE  # noqa: E402
 from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes  # noqa: E402
-from nvfs.codec.planes import ITEM_SIZE, parse_params  # noqa: E402
+from nvfs.codec.planes import parse_params  # noqa: E402
 
 CHUNK = 4 << 20
 FRAME = 128 << 10

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 import zstandard
 from torch import nn
 
-from nvfs.codec import CpuEngine, ElementKind, Encoded, LayoutTracker
+from nvfs.codec import CpuEngine, ElementKind, Encoded
+from nvfs.formats import LayoutTracker
 from nvfs.store.chunk import HEADER
 
 CHUNK = 4 << 20  # the filesystem's chunk size

@@ -9,14 +9,12 @@ on any machine can decode it.
 import importlib.util
 import logging
 
-from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Engine, Transform
+from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Engine, Region, Transform
 from nvfs.codec.cpu import CpuEngine
-from nvfs.codec.layout import LayoutTracker
-from nvfs.codec.planes import Region
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine", "LayoutTracker", "Region",
+__all__ = ["Codec", "CodecError", "CpuEngine", "ElementKind", "Encoded", "Engine", "Region",
            "Transform", "cpu_decodes", "make_engine"]
 
 

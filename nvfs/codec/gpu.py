@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
+from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Region, Transform, item_sizes
 from nvfs.codec.cpu import CpuEngine
 from nvfs.codec.device_tables import TableUploads, aligned
 from nvfs.codec.frames import BatchPlanes, FramedPlane, Frames, frame_table, pack_batch_params, plane_frames
@@ -48,11 +48,9 @@ from nvfs.codec.planes import (
     RANDOM_BITS,
     RAW_TEST_SAMPLE,
     PlaneCoder,
-    Region,
     RegionEntry,
     check_regions,
     detect_regions,
-    item_sizes,
     parse_params,
     planes_or_raw,
 )

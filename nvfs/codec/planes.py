@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
+from nvfs.codec.base import ITEM_SIZE, Codec, CodecError, ElementKind, Encoded, Region, Transform
 
 try:  # the same loops in C, one pass each (setup.py builds it where there is a compiler)
     from nvfs.codec import _planes as native
@@ -33,11 +33,6 @@ except ImportError:  # zstandard codes every plane: exponent planes 0.7 GB/s ins
     huffman = None
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
-             ElementKind.FP64: 8}
-_ITEM_SIZES = np.zeros(max(int(kind) for kind in ITEM_SIZE) + 1, dtype=np.int64)  # by ElementKind value
-for _kind, _size in ITEM_SIZE.items():
-    _ITEM_SIZES[int(_kind)] = _size
 FRAME_SIZE = 128 << 10  # decoded bytes per frame of a framed plane: one zstd block, GPU-sized work
 FRAMED = (Codec.ZSTD_FRAMES, Codec.ANS)
 _COUNT = struct.Struct("<I")
@@ -51,14 +46,6 @@ RANDOM_BITS = 7.9  # a plane whose samples carry more order-0 entropy per byte i
 HUFFMAN_TRY_ZSTD_BELOW = 0.25
 _DETECT_SAMPLE = 32 << 10  # bytes per sample when guessing what a chunk holds
 _DETECT_KINDS = (ElementKind.BF16, ElementKind.FP32)
-
-
-@dataclass(frozen=True)
-class Region:
-    """``length`` consecutive bytes of a chunk holding values of one element kind."""
-
-    length: int
-    kind: ElementKind
 
 
 @dataclass(frozen=True)
@@ -82,11 +69,6 @@ class RegionEntry:
     @property
     def plane_length(self) -> int:
         return self.length // ITEM_SIZE[self.kind]
-
-
-def item_sizes(kinds: np.ndarray) -> np.ndarray:
-    """:data:`ITEM_SIZE` of each of an array of element kind values, in one numpy step."""
-    return _ITEM_SIZES[kinds]
 
 
 def frame_count(plane_length: int, frame_size: int) -> int:
