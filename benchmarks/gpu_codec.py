@@ -50,7 +50,8 @@ from nvidia import nvcomp  # noqa: E402
 
 from nvfs.codec import CpuEngine, ElementKind, Region, make_engine  # noqa: E402
 from nvfs.codec.base import ITEM_SIZE  # noqa: E402
-from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes  # noqa: E402
+from nvfs.codec.gpu import BATCH_BYTES, GpuEngine  # noqa: E402
+from nvfs.codec.gpu_decode import batch_sizes  # noqa: E402
 from nvfs.codec.planes import parse_params  # noqa: E402
 
 CHUNK = 4 << 20
