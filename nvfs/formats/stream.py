@@ -30,8 +30,8 @@ class StreamBuffer:
     Fed chunks are kept by reference, not copied (the caller never changes a chunk it fed:
     the vfs feeds frozen slot buffers); only bytes a parser asks for, or still needs when the
     next chunk arrives (a header cut by the chunk boundary, a pickle so far), are copied, so
-    stepping over tensor data costs nothing per byte. A copy of every chunk cost 0.56 ms per
-    4 MiB on the thread that serves every FUSE request.
+    stepping over tensor data costs nothing per byte: a copy of every chunk would be a pass
+    over every byte written, on the thread that serves every FUSE request.
     """
 
     def __init__(self) -> None:

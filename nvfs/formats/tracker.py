@@ -59,9 +59,9 @@ def span_regions(spans: list[Span], start: int, end: int) -> list[Region]:
     """Partition ``[start, end)`` into regions: whole values of known spans, bytes elsewhere.
 
     Spans are sorted and do not overlap, so their ends are sorted too: the first one that
-    reaches into the chunk is found by bisection. Scanning from the first span made a file
-    of n tensors cost O(n) per chunk on the thread that serves FUSE requests (20,000 spans:
-    0.46 ms per chunk).
+    reaches into the chunk is found by bisection. Scanning from the first span would make a
+    file of n tensors cost O(n) per chunk, O(n^2) in all, on the thread that serves FUSE
+    requests.
     """
     regions: list[Region] = []
     cursor = start
