@@ -45,7 +45,8 @@ try:  # --help works anywhere; a run needs the GPU machine's CuPy and nvCOMP
     import cupy as cp
     from nvidia import nvcomp
 
-    from nvfs.codec.gpu import BATCH_BYTES, GpuEngine, batch_sizes
+    from nvfs.codec.gpu import BATCH_BYTES, GpuEngine
+    from nvfs.codec.gpu_decode import batch_sizes
 except ImportError as exc:
     GPU_MISSING: ImportError | None = exc
 else:
@@ -54,7 +55,8 @@ else:
 from benchmarks.harness import cli
 from benchmarks.harness.report import Check, Result, print_acceptance
 from nvfs.codec import CpuEngine, ElementKind, Region, make_engine
-from nvfs.codec.planes import ITEM_SIZE, parse_params
+from nvfs.codec.base import ITEM_SIZE
+from nvfs.codec.planes import parse_params
 
 CHUNK = 4 << 20
 FRAME = 128 << 10

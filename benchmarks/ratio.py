@@ -49,7 +49,8 @@ from benchmarks.harness.checkpoint import tensors
 from benchmarks.harness.report import Check, Result, print_acceptance
 from benchmarks.harness.system import load_note
 from benchmarks.ratio_checkpoints import existing_checkpoints, make_checkpoints
-from nvfs.codec import CpuEngine, ElementKind, Encoded, LayoutTracker
+from nvfs.codec import CpuEngine, ElementKind, Encoded
+from nvfs.formats import LayoutTracker
 from nvfs.store.chunk import HEADER
 
 CHUNK = 4 << 20  # the filesystem's chunk size

@@ -91,7 +91,8 @@ def test_compressible_checkpoint_is_stored_smaller(mounted):
 
 def _expected_stored(blob: bytes, chunk: int = DEFAULT_CHUNK_SIZE) -> int:
     """What the codec layer stores for ``blob`` when it sees the file's chunks in order."""
-    from nvfs.codec import CpuEngine, LayoutTracker
+    from nvfs.codec import CpuEngine
+    from nvfs.formats import LayoutTracker
     from nvfs.store.chunk import HEADER
 
     engine, tracker, total = CpuEngine(level=3), LayoutTracker(), 0

@@ -19,16 +19,15 @@ from nvfs.codec import (
     CpuEngine,
     ElementKind,
     Encoded,
-    LayoutTracker,
     Region,
     Transform,
     cpu_decodes,
     make_engine,
 )
 from nvfs.codec import planes as plane_module
+from nvfs.codec.base import ITEM_SIZE
 from nvfs.codec.planes import (
     FRAME_SIZE,
-    ITEM_SIZE,
     PlaneEntry,
     RegionEntry,
     from_planes,
@@ -36,6 +35,7 @@ from nvfs.codec.planes import (
     parse_params,
     to_planes,
 )
+from nvfs.formats import LayoutTracker
 from nvfs.store.chunk import CHUNK_HASHES, ChunkCorrupt, decode_chunk, encode_chunk
 
 ENGINE = CpuEngine(level=3)
@@ -396,7 +396,8 @@ def test_layout_of_torch_save_and_safetensors(chunk):
 
 def test_regions_among_many_spans():
     """Each chunk of a file with a thousand tensors gets exactly the values of the spans it cuts."""
-    from nvfs.codec.layout import Span, _regions
+    from nvfs.formats.stream import Span
+    from nvfs.formats.tracker import span_regions
 
     rng, spans, position = random.Random(6), [], 64
     for index in range(1000):
@@ -407,7 +408,7 @@ def test_regions_among_many_spans():
     chunk = 4 << 20
     for start in range(0, position, chunk):
         end = min(start + chunk, position)
-        regions, cursor = _regions(spans, start, end), start
+        regions, cursor = span_regions(spans, start, end), start
         assert sum(region.length for region in regions) == end - start
         for region in regions:
             if region.kind != ElementKind.BYTES:

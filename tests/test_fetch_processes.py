@@ -19,7 +19,7 @@ import time
 import pytest
 
 from nvfs.backend import BackendError
-from nvfs.backend.http_get import GetterSettings, ObjectGet
+from nvfs.backend.object_get import GetterSettings, ObjectGet
 from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
 from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children, wait_until_dead
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from nvfs.codec.base import Codec, ElementKind
+from nvfs.codec.base import ITEM_SIZE, Codec, ElementKind
 from nvfs.codec.frames import BatchPlanes, frame_table, pack_batch_params, plane_frames
-from nvfs.codec.planes import ITEM_SIZE, PlaneEntry, RegionEntry, pack_params
+from nvfs.codec.planes import PlaneEntry, RegionEntry, pack_params
 
 
 def test_planes_cut_into_frames_with_a_short_last_one_and_empty_planes_skipped():

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from nvfs.codec import Codec, CodecError, CpuEngine, ElementKind, Region, Transform, make_engine
-from nvfs.codec.planes import ITEM_SIZE, parse_params
+from nvfs.codec.base import ITEM_SIZE
+from nvfs.codec.planes import parse_params
 from nvfs.store.chunk import CHUNK_HASHES, HEADER, ChunkCorrupt, decode_chunk, encode_chunk
 from nvfs.testing.procfs import cpu_seconds
 from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children

@@ -18,7 +18,7 @@ import pytest
 from botocore.credentials import ReadOnlyCredentials
 
 from nvfs.backend import s3_reader
-from nvfs.backend.base import BackendError, ObjectNotFound
+from nvfs.backend.errors import BackendError, ObjectNotFound
 from nvfs.backend.http_get import ObjectGetter
 from nvfs.backend.s3 import S3Backend
 from nvfs.testing.seaweed import SeaweedServer

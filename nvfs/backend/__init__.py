@@ -4,17 +4,16 @@ The store speaks only in keys (``nvfs.json``, ``chunks/ab/<id>``, ``tree/<path>`
 backend maps them onto a local directory or onto the objects of an S3 bucket.
 """
 
-from nvfs.backend.base import (
+from nvfs.backend.base import Backend, ListedObject
+from nvfs.backend.directory import DirectoryBackend
+from nvfs.backend.errors import (
     KEPT_ERRNOS,
-    Backend,
     BackendError,
     ErrnoCarrier,
-    ListedObject,
     ObjectNotFound,
     StoreLocked,
     failure_errno,
 )
-from nvfs.backend.directory import DirectoryBackend
 from nvfs.backend.staged import StagedBackend
 
 __all__ = ["KEPT_ERRNOS", "Backend", "BackendError", "DirectoryBackend", "ErrnoCarrier", "ListedObject",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from nvfs.backend.base import BackendError
+from nvfs.backend.errors import BackendError
 
 # TCP resends a SYN that got no answer after 1 s and again 2 s later: 5 s lets two be lost.
 DEFAULT_CONNECT_TIMEOUT = 5.0

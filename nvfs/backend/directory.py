@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nvfs.backend.base import Backend, BackendError, Buffer, ListedObject, ObjectNotFound, StoreLocked
+from nvfs.backend.base import Backend, Buffer, ListedObject
+from nvfs.backend.errors import BackendError, ObjectNotFound, StoreLocked
 
 log = logging.getLogger(__name__)
 

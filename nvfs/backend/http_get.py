@@ -1,10 +1,10 @@
 """Whole-object HTTP GETs into one buffer: the transport under the S3 chunk reader.
 
 Kept apart from the signing (:mod:`nvfs.backend.s3_reader`), which whoever sends a request
-does (:class:`ObjectGet`), here or in a fetch process. A body is read with ``readinto``
-straight into an uninitialised buffer: the socket reads run without the GIL and nothing is
-copied. Failures are retried like boto3's
-standard mode (:mod:`nvfs.backend.deadlines`), every wait cut to the request's deadline.
+does (:class:`nvfs.backend.object_get.ObjectGet`), here or in a fetch process. A body is read
+with ``readinto`` straight into an uninitialised buffer: the socket reads run without the GIL
+and nothing is copied. Failures are retried like boto3's standard mode
+(:mod:`nvfs.backend.deadlines`), every wait cut to the request's deadline.
 """
 
 from __future__ import annotations
@@ -16,56 +16,21 @@ import ssl
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
 
 import numpy as np
 
-from nvfs.backend.base import BackendError, ObjectNotFound
 from nvfs.backend.deadlines import (
-    DEFAULT_REQUEST_TIMEOUT,
-    Deadlines,
     RequestFailed,
     Retry,
     is_transient,
     time_left,
     with_retries,
 )
+from nvfs.backend.errors import BackendError, ObjectNotFound
+from nvfs.backend.object_get import GetterSettings
 
 _ERROR_CODE = re.compile(rb"<Code>([^<]+)</Code>")
 _IDLE_CONNECTIONS = 64
-
-
-@dataclass(frozen=True)
-class GetterSettings:
-    """Where and how to GET: everything a fetch process needs to make its own getter."""
-
-    origin: str  # scheme://host[:port]
-    connect_timeout: float
-    read_timeout: float
-    max_attempts: int
-    ca_bundle: str | None = None  # None: the system's default CAs (https only)
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT  # the whole GET, retries included
-
-    @property
-    def deadlines(self) -> Deadlines:
-        return Deadlines(self.connect_timeout, self.read_timeout, self.request_timeout, self.max_attempts)
-
-
-@dataclass(frozen=True)
-class ObjectGet:
-    """One GET of a whole object, for any getter made from ``settings``, in any process.
-
-    Whoever sends it asks for :meth:`headers` then: a subclass signs them there, so that the
-    process that made the request need not spend its time signing.
-    """
-
-    settings: GetterSettings
-    key: str  # the object's name, for messages
-    path: str
-
-    def headers(self) -> dict[str, str]:
-        """The request's headers, signed if it must be; none for an anonymous GET."""
-        return {}
 
 
 class ObjectGetter:

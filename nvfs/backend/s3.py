@@ -29,7 +29,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from nvfs.backend.base import Backend, BackendError, ListedObject, ObjectNotFound
+from nvfs.backend.base import Backend, ListedObject
 from nvfs.backend.deadlines import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_ATTEMPTS,
@@ -41,7 +41,8 @@ from nvfs.backend.deadlines import (
     time_left,
     with_retries,
 )
-from nvfs.backend.http_get import ObjectGet
+from nvfs.backend.errors import BackendError, ObjectNotFound
+from nvfs.backend.object_get import ObjectGet
 from nvfs.backend.s3_journal import (
     INTENT_LIMIT,
     JOURNAL_PREFIX,

@@ -24,7 +24,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import ReadOnlyCredentials
 
 from nvfs.backend.deadlines import Deadlines
-from nvfs.backend.http_get import GetterSettings, ObjectGet, ObjectGetter
+from nvfs.backend.http_get import ObjectGetter
+from nvfs.backend.object_get import GetterSettings, ObjectGet
 
 # Seconds the credentials looked up last are used for requests made without waiting. botocore
 # refreshes temporary credentials 10-15 minutes before they expire, so they stay valid longer.

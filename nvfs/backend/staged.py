@@ -26,9 +26,10 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from nvfs.backend.base import Backend, BackendError, Buffer, ListedObject, ObjectNotFound
+from nvfs.backend.base import Backend, Buffer, ListedObject
 from nvfs.backend.directory import DIRECTORY_MODE, DirectoryBackend, make_private_dirs, write_private
-from nvfs.backend.http_get import ObjectGet
+from nvfs.backend.errors import BackendError, ObjectNotFound
+from nvfs.backend.object_get import ObjectGet
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,6 @@
  * value assembled and rotated back). The layout is exactly the
  * one docs/FORMAT.md describes and planes.py implements in numpy: plane p of a value of
  * SIZE bytes is byte SIZE - 1 - p of the value rotated left by one bit.
- *
- * 4 MiB on the 2-core VM (200 calls, outputs reused), against numpy: fp32 cut into its four
- * planes a plane at a time in 1.03 ms instead of 1.55 and merged in 0.44 ms instead of 2.3; bf16
- * 0.52 / 0.34 ms instead of 1.14 / 2.2. Cut as planes.py now asks, plane 0 alone and then the
- * rest in one pass: fp32 0.51 ms, fp64 1.27-1.39 (1.58-1.74 a plane at a time), bf16 0.49-0.50.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -21,9 +16,8 @@
 #define MAX_PLANES 8
 
 // Where the compiler can, each cut is built twice, for AVX2 and for any x86-64, and the one
-// the CPU runs best is picked when the module loads: 4 MiB of fp32 on the VM, planes 1-3 in
-// 0.30 ms against 0.40, plane 0 in 0.21 against 0.25. Not the merges: built for AVX2 they
-// ran 2-3x slower (fp32: 1.08 ms against 0.49).
+// the CPU runs best is picked when the module loads: AVX2 cuts more values per instruction.
+// Not the merges: their AVX2 build runs slower than the generic one.
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define BEST_OF_ISA __attribute__((target_clones("avx2", "default")))
@@ -34,7 +28,7 @@
 #endif
 
 // One function per plane: with the shift a constant the compiler vectorizes the loop (a shift
-// given at run time left the 16-bit loop scalar, 1 ms per plane of 4 MiB of bf16).
+// given at run time leaves the 16-bit loop scalar).
 #define CUT(T, SIZE, INDEX)                                                                       \
     BEST_OF_ISA static void cut_##SIZE##_##INDEX(const uint8_t *src, Py_ssize_t n, uint8_t *out) { \
         for (Py_ssize_t i = 0; i < n; i++) {                                                      \
@@ -46,8 +40,7 @@
     }
 
 // Planes FIRST to SIZE - 1 in one pass, back to back in out: each value is read once, where a
-// pass per plane read the values once per plane (4 MiB of fp32, all four planes cut as
-// planes.py cuts them, plane 0 and then planes 1-3: 0.51 ms, one plane at a time 0.96-0.99).
+// pass per plane would read the values once per plane.
 #define CUT_FROM(T, SIZE, FIRST)                                                                 \
     BEST_OF_ISA static void cut_from_##SIZE##_##FIRST(const uint8_t *restrict src, Py_ssize_t n, \
                                                        uint8_t *restrict out) {                  \

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from nvfs.codec.planes import Region
+import numpy as np
 
 
 class CodecError(Exception):
@@ -39,6 +38,26 @@ class ElementKind(IntEnum):
     FP16 = 2
     FP32 = 3
     FP64 = 4
+
+
+ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
+             ElementKind.FP64: 8}
+_ITEM_SIZES = np.zeros(max(int(kind) for kind in ITEM_SIZE) + 1, dtype=np.int64)  # by ElementKind value
+for _kind, _size in ITEM_SIZE.items():
+    _ITEM_SIZES[int(_kind)] = _size
+
+
+def item_sizes(kinds: np.ndarray) -> np.ndarray:
+    """:data:`ITEM_SIZE` of each of an array of element kind values, in one numpy step."""
+    return _ITEM_SIZES[kinds]
+
+
+@dataclass(frozen=True)
+class Region:
+    """``length`` consecutive bytes of a chunk holding values of one element kind."""
+
+    length: int
+    kind: ElementKind
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
+from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Region, Transform
 from nvfs.codec.planes import (
     PlaneCoder,
     PlaneEntry,
-    Region,
     decode_regions,
     detect_regions,
     encode_regions,

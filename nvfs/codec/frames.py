@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nvfs.codec.planes import FRAMED, item_sizes
+from nvfs.codec.base import item_sizes
+from nvfs.codec.planes import FRAMED
 
 # A framed plane to decode: payload offset, plane buffer offset, plane length, frame size, frame lengths.
 FramedPlane = tuple[int, int, int, int, tuple[int, ...]]

@@ -29,9 +29,9 @@ _DECODE_SLOTS = 8  # frames per block of decode_frames (four threads each), as D
 FRAME_DECODED, FRAME_UNSUPPORTED, FRAME_DAMAGED = 0, 1, 2  # decode statuses, as in zstd_huffman.cu
 # Decoded bytes per frame this engine writes: a quarter of the CPU engine's. Each of a frame's
 # four streams is one thread's chain of dependent steps, so more, smaller frames decode
-# faster, until the GPU holds them all at once (H200, 256 MiB of bf16, decode_frames:
-# 2.6 ms with 64 KiB frames, 1.7 with 32 KiB, 1.9 with 16 KiB), for 0.1% more stored bytes
-# than 64 KiB frames (0.3% with 16 KiB). Readers take any frame size (docs/FORMAT.md).
+# faster, until a batch has more frames than the GPU runs at once; each frame costs its
+# headers, a few bytes, so smaller frames also store a little more. Readers take any frame
+# size (docs/FORMAT.md).
 GPU_FRAME_SIZE = 32 << 10
 FRAME_CAPACITY = aligned(GPU_FRAME_SIZE + 64)  # the largest frame: raw, 12 bytes of headers and the bytes
 

@@ -2,10 +2,9 @@
 
 nvCOMP's Python ``Codec`` waits for its CUDA stream inside each call, holding the GIL: its
 encode hands back the coded sizes as a host list, and its decode parses the frame headers
-first. On the H200 (``.gpu/syncprobe2.py``, ``.gpu/gilprobe.py``) either call, queued
-behind 20 ms of GPU work, returned after those 20 ms, and another Python thread ran at a
-fifth of its speed meanwhile: the GPU engine could not lay out one batch while the GPU
-coded another. The C API takes device arrays of frame pointers and sizes and only queues
+first. Queued behind other GPU work, either call returns only once that work is done, and
+the other Python threads crawl meanwhile: the GPU engine could not lay out one batch while
+the GPU coded another. The C API takes device arrays of frame pointers and sizes and only queues
 work; coded sizes, decoded sizes and statuses land in device memory, for the host to read
 once it needs them. The bitstream is the one the Python ``Codec`` writes, byte for byte (a GPU
 test compares them), so chunks written before this module decode alike.

@@ -21,23 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
-from nvfs.codec.base import Codec, CodecError, ElementKind, Encoded, Transform
+from nvfs.codec.base import ITEM_SIZE, Codec, CodecError, ElementKind, Encoded, Region, Transform
 
 try:  # the same loops in C, one pass each (setup.py builds it where there is a compiler)
     from nvfs.codec import _planes as native
-except ImportError:  # numpy does the same: cutting 1.5-2x, merging 5-6x slower
+except ImportError:  # numpy does the same, slower: several passes per plane instead of one
     native = None
 try:  # Huffman-only zstd frames (setup.py builds it where there is a C++ compiler)
     from nvfs.codec import _huffman as huffman
-except ImportError:  # zstandard codes every plane: exponent planes 0.7 GB/s instead of 1.0 here
+except ImportError:  # zstandard codes every plane, slower: it searches for matches as well
     huffman = None
 
 _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-ITEM_SIZE = {ElementKind.BYTES: 1, ElementKind.BF16: 2, ElementKind.FP16: 2, ElementKind.FP32: 4,
-             ElementKind.FP64: 8}
-_ITEM_SIZES = np.zeros(max(int(kind) for kind in ITEM_SIZE) + 1, dtype=np.int64)  # by ElementKind value
-for _kind, _size in ITEM_SIZE.items():
-    _ITEM_SIZES[int(_kind)] = _size
 FRAME_SIZE = 128 << 10  # decoded bytes per frame of a framed plane: one zstd block, GPU-sized work
 FRAMED = (Codec.ZSTD_FRAMES, Codec.ANS)
 _COUNT = struct.Struct("<I")
@@ -51,14 +46,6 @@ RANDOM_BITS = 7.9  # a plane whose samples carry more order-0 entropy per byte i
 HUFFMAN_TRY_ZSTD_BELOW = 0.25
 _DETECT_SAMPLE = 32 << 10  # bytes per sample when guessing what a chunk holds
 _DETECT_KINDS = (ElementKind.BF16, ElementKind.FP32)
-
-
-@dataclass(frozen=True)
-class Region:
-    """``length`` consecutive bytes of a chunk holding values of one element kind."""
-
-    length: int
-    kind: ElementKind
 
 
 @dataclass(frozen=True)
@@ -82,11 +69,6 @@ class RegionEntry:
     @property
     def plane_length(self) -> int:
         return self.length // ITEM_SIZE[self.kind]
-
-
-def item_sizes(kinds: np.ndarray) -> np.ndarray:
-    """:data:`ITEM_SIZE` of each of an array of element kind values, in one numpy step."""
-    return _ITEM_SIZES[kinds]
 
 
 def frame_count(plane_length: int, frame_size: int) -> int:
@@ -204,9 +186,7 @@ def from_planes(planes: Sequence[bytes | memoryview | np.ndarray], kind: Element
     In C where the extension is built (each value assembled and rotated once), else in
     numpy: each plane goes into its byte of the rotated values (one strided pass per plane), then
     the values are rotated back in place in three passes, where widening every plane to a
-    value, shifting it and or-ing it in took three passes per plane. 4 MiB, timed over 50
-    calls on the 2-core VM: fp32, most of an optimizer state, 1.94 ms instead of 2.94; fp64
-    2.09 instead of 5.38; bf16 1.88 as before.
+    value, shifting it and or-ing it in would take three passes per plane.
     """
     size = ITEM_SIZE[kind]
     if size > 1 and native is not None:
@@ -231,8 +211,7 @@ class PlaneCoder:
     def __init__(self, level: int) -> None:
         self.level = level
         # Exponent planes are literals, not repeats: a tiny match table leaves them to the
-        # Huffman stage, which is both faster and closer to the entropy than level 3
-        # (bf16 weights: 0.977 of the plane's order-0 entropy at twice the speed).
+        # Huffman stage, which is both faster and closer to the entropy than level 3.
         self._plane_params = zstandard.ZstdCompressionParameters(
             strategy=zstandard.STRATEGY_FAST, min_match=7, hash_log=6, window_log=21, search_log=1,
             chain_log=6, target_length=0)
@@ -337,8 +316,7 @@ def _huffman_frames(view: memoryview) -> tuple[PlaneEntry, memoryview] | None:
 
     The same frames as zstd makes of an exponent plane where it finds no matches (and the
     ones the GPU engine makes), without zstd's search for matches and a table per frame:
-    the exponent planes of ``benchmarks/write.py``'s state coded at 0.95-1.0 GB/s on the
-    2-core VM instead of 0.71-0.72, 0.1% smaller.
+    faster, and a little smaller, as the frames share one table.
     """
     frames = -(-len(view) // FRAME_SIZE)
     out = np.empty(len(view) + 16 * frames, dtype=np.uint8)
@@ -440,14 +418,11 @@ def decode_regions(params: bytes, payload: bytes, raw_length: int, coder: PlaneC
 
     Decodes into ``out`` (``raw_length`` bytes) if given, else into a new buffer that is left
     uninitialised: the regions cover it exactly and every value is written. A ``bytearray``
-    would be zeroed first, holding the GIL; in a cold read from S3 on 16 cores that was a
-    ninth of the time some thread held the GIL (py-spy ``--gil``).
+    would be zeroed first, holding the GIL that the FUSE thread and the other workers wait for.
 
-    Each region is merged whole, its framed planes joined first: in the daemon every numpy
-    call gives up and takes back the GIL, and merging frame by frame (a dozen calls per
-    frame), although a little faster alone, read a 2 GiB checkpoint no faster (cat through
-    the mount, page cache dropped, two alternating series: joined 0.78/0.84/0.82 and
-    0.80/0.85/0.82 GB/s, frame by frame 0.76/0.71/0.77 and 0.79/0.83/0.80).
+    Each region is merged whole, its framed planes joined first: merging frame by frame would
+    save that copy but take a dozen numpy calls per frame, and in the daemon every numpy call
+    gives up and takes back the GIL, which costs as much as the copy saves.
     """
     regions = parse_params(params, raw_length, len(payload))
     if out is not None and len(out) != raw_length:

@@ -1,6 +1,5 @@
 """Store layer: manifests, the chunk format, dedup, checksums and garbage collection."""
 
-from nvfs.codec import LayoutTracker
 from nvfs.store.chunk import ChunkCorrupt
 from nvfs.store.disk_cache import ChunkFileCache, DiskCacheError
 from nvfs.store.fetch_pool import FetchPool
@@ -9,5 +8,5 @@ from nvfs.store.slots import SharedSlots
 from nvfs.store.store import DEFAULT_CHUNK_SIZE, ChunkUnreadable, Store, StoreError, StoreUnavailable
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "ChunkCorrupt", "ChunkFileCache", "ChunkRef", "ChunkUnreadable",
-           "DiskCacheError", "FetchPool", "LayoutTracker", "Manifest", "ManifestError", "SharedSlots",
+           "DiskCacheError", "FetchPool", "Manifest", "ManifestError", "SharedSlots",
            "Store", "StoreError", "StoreUnavailable"]

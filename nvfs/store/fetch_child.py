@@ -21,7 +21,8 @@ import numpy as np
 
 from nvfs.backend import BackendError, ObjectNotFound, s3_reader  # noqa: F401  (see main)
 from nvfs.backend.directory import DirectoryBackend
-from nvfs.backend.http_get import GetterSettings, ObjectGet, ObjectGetter
+from nvfs.backend.http_get import ObjectGetter
+from nvfs.backend.object_get import GetterSettings, ObjectGet
 from nvfs.codec import CpuEngine, ElementKind, Engine, Region
 from nvfs.gil import hand_over_quickly
 from nvfs.heap import tune_heap

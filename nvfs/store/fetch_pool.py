@@ -51,7 +51,7 @@ import weakref
 from dataclasses import dataclass
 
 from nvfs.backend import BackendError, ObjectNotFound
-from nvfs.backend.http_get import ObjectGet
+from nvfs.backend.object_get import ObjectGet
 from nvfs.codec import Region
 from nvfs.store.chunk import ChunkCorrupt
 

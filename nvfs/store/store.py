@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nvfs.backend import Backend, BackendError, ErrnoCarrier, ListedObject, ObjectNotFound
-from nvfs.codec import CpuEngine, Engine, LayoutTracker, Region, cpu_decodes
+from nvfs.codec import CpuEngine, Engine, Region, cpu_decodes
+from nvfs.formats import LayoutTracker
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk, encode_chunk
 from nvfs.store.disk_cache import ChunkFileCache
 from nvfs.store.fetch_pool import ChunkTarget, FetchPool, FetchProcessFailed, SentRequest

@@ -18,7 +18,8 @@ from collections.abc import Callable
 import numpy as np
 import trio
 
-from nvfs.store import ChunkRef, LayoutTracker
+from nvfs.formats import LayoutTracker
+from nvfs.store import ChunkRef
 
 _STREAMING_WRITE = 64 << 10  # a first write this large into a slot: make room for the whole chunk
 
