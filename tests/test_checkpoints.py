@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.fuse
+
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402

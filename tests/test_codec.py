@@ -38,6 +38,8 @@ from nvfs.codec.planes import (
 )
 from nvfs.store.chunk import CHUNK_HASHES, ChunkCorrupt, decode_chunk, encode_chunk
 
+pytestmark = pytest.mark.unit
+
 ENGINE = CpuEngine(level=3)
 FLOAT_DTYPES = {ElementKind.FP16: np.float16, ElementKind.FP32: np.float32, ElementKind.FP64: np.float64}
 SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-310, 65504.0, 1e-8]
