@@ -227,6 +227,7 @@ def test_regions_roundtrip_bit_exact(parts, seed):
     _roundtrip(data, None)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from([ElementKind.BF16, ElementKind.FP32]), cut=st.integers(0, 7),
        chunk=st.integers(1, 300_000), seed=st.integers(0, 1000))

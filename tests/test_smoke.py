@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.fuse
+pytestmark = [pytest.mark.fuse, pytest.mark.smoke]
 
 
 def test_write_read_remount(mounted):
