@@ -107,10 +107,12 @@ def layer_key(module: str) -> str:
 
 
 def is_native(package: str, name: str) -> bool:
-    """Whether ``package.name`` is a compiled extension (its C/C++ source or built library is there):
-    a leaf that imports no nvfs module, reached without going through the package's attributes."""
-    folder = MODULES[package].parent if package in MODULES else None
-    return folder is not None and any(path.suffix != ".py" for path in folder.glob(f"{name}.*"))
+    """Whether ``package.name`` is a compiled extension (its C or C++ source or its built library
+    lies in the package): a submodule that imports nothing of nvfs."""
+    init = MODULES.get(package)
+    if init is None or init.name != "__init__.py":
+        return False
+    return any(path.suffix != ".py" for path in init.parent.glob(f"{name}.*"))
 
 
 def existing_module(dotted: str) -> str | None:
@@ -185,9 +187,9 @@ def layer_problem(found: Import) -> str | None:
     if source is None or target is None or source == target:
         return None  # unplaced modules are test_every_module_has_a_layer's to report
     if target not in MAY_IMPORT[source]:
-        allowed = ", ".join(sorted(MAY_IMPORT[source])) or "nothing"
+        allowed = f"only {', '.join(sorted(MAY_IMPORT[source]))}" if MAY_IMPORT[source] else "no other layer"
         return (f"{found.place}: {found.source} ({source}) imports {found.target} ({target}){found.where}; "
-                f"{source} may import only {allowed} (MAY_IMPORT in tests/test_layers.py)")
+                f"{source} may import {allowed} (MAY_IMPORT in tests/test_layers.py)")
     only = ONLY_MODULES.get((source, target))
     if only is not None and found.target not in only:
         return (f"{found.place}: {found.source} ({source}) imports {found.target}{found.where}; "
@@ -271,6 +273,7 @@ def test_the_checks_report_a_broken_rule_and_a_cycle():
         return Import(source, target, PACKAGE / "x.py", 1, "")
 
     assert "codec may import only support" in layer_problem(made_up("nvfs.codec.cpu", "nvfs.store.chunk"))
+    assert "support may import no other layer" in layer_problem(made_up("nvfs.gil", "nvfs.codec"))
     assert "may import only nvfs.codec.base" in layer_problem(made_up("nvfs.formats.x", "nvfs.codec.planes"))
     assert layer_problem(made_up("nvfs.formats.x", "nvfs.codec.base")) is None
     assert layer_problem(made_up("nvfs.store.chunk", "nvfs.store.names")) is None
