@@ -1,5 +1,6 @@
 """Fixtures that mount nvfs for real: a store (a backing directory or an S3 bucket on a
-SeaweedFS server started for the session), a mountpoint and the daemon."""
+SeaweedFS server started for the session), a mountpoint and the daemon; and the check that
+every test carries a tier marker (docs/DEVELOPMENT.md, "Tests")."""
 
 from __future__ import annotations
 
@@ -215,9 +216,9 @@ def own_server(tmp_path):
     server.close()
 
 
-@pytest.fixture(params=["dir", "s3"])
+@pytest.fixture(params=["dir", pytest.param("s3", marks=pytest.mark.s3)])
 def backend(request) -> str:
-    """Run a test against both kinds of store: a local directory and S3."""
+    """Run a test against both kinds of store: a local directory and S3 (that run is marked ``s3``)."""
     return request.param
 
 
@@ -233,6 +234,8 @@ def mount_factory(tmp_path, request):
         pytest.skip(reason)
 
     def make(name: str = "m", options: tuple[str, ...] = (), backend: str = "dir") -> Mount:
+        if backend == "s3" and request.node.get_closest_marker("s3") is None:
+            pytest.fail(f"{request.node.nodeid} mounts an S3 store but is not marked s3", pytrace=False)
         root = tmp_path / name
         root.mkdir(exist_ok=True)
         s3 = request.getfixturevalue("seaweed") if backend == "s3" else None
@@ -251,3 +254,37 @@ def mounted(mount_factory, backend) -> Mount:
     mount = mount_factory(backend=backend)
     mount.mount()
     return mount
+
+
+# Tier markers say what a test needs (registered in pyproject.toml, explained in
+# docs/DEVELOPMENT.md): the fast tiers are only trustworthy if no test can be left out of
+# them by forgetting its marker, or run in them while it mounts or starts a server.
+TIERS = ("unit", "fuse", "s3", "gpu")
+S3_FIXTURES = frozenset({"seaweed", "own_server"})
+MOUNT_FIXTURES = frozenset({"mount_factory"})
+
+
+def tier_problems(item: pytest.Item) -> list[str]:
+    """What is wrong with ``item``'s tier markers, judged by the fixtures and parameters it uses."""
+    marked = {tier for tier in TIERS if item.get_closest_marker(tier) is not None}
+    uses = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    on_s3 = callspec is not None and callspec.params.get("backend") == "s3"
+    problems = []
+    if not marked:
+        problems.append("has no tier marker: mark it unit, fuse, s3 or gpu")
+    if "unit" in marked and len(marked) > 1:
+        problems.append(f"is marked unit, which needs nothing, and also {sorted(marked - {'unit'})}")
+    if (uses & S3_FIXTURES or on_s3) and "s3" not in marked:
+        problems.append("uses a SeaweedFS server but is not marked s3")
+    if uses & MOUNT_FIXTURES and "fuse" not in marked:
+        problems.append("mounts nvfs (mount_factory) but is not marked fuse")
+    return problems
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fail the collection, before ``-m`` deselects anything, if any test's tier is missing or wrong."""
+    problems = [f"  {item.nodeid} {problem}" for item in items for problem in tier_problems(item)]
+    if problems:
+        raise pytest.UsageError("tier markers (see docs/DEVELOPMENT.md, Tests):\n" + "\n".join(problems))

@@ -7,7 +7,11 @@ import json
 import os
 import signal
 
+import pytest
+
 from tests.conftest import Mount
+
+pytestmark = pytest.mark.fuse
 
 MIB = 1 << 20
 CLOSE_DEADLINE = 20.0  # seconds; a synchronous close would wait for the paused server instead
@@ -21,6 +25,7 @@ def _committed(path) -> bytes:
     return os.getxattr(path, "user.nvfs.committed")
 
 
+@pytest.mark.s3
 def test_close_returns_while_uploads_are_stuck_and_fsync_waits(tmp_path, own_server, request):
     (tmp_path / "m").mkdir()
     # A long listing TTL: nothing but the commit itself needs the (paused) server.

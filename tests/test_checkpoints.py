@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.fuse
+
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402
@@ -47,6 +49,7 @@ def _assert_same(a, b) -> None:
         assert a == b
 
 
+@pytest.mark.smoke
 def test_torch_save_and_load_across_remount(mounted):
     state = _trained_state()
     path = mounted.path / "ckpt" / "step_5.pt"

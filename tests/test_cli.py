@@ -14,6 +14,8 @@ import pytest
 from nvfs.daemon import KERNEL_READAHEAD, mount_device
 from tests.conftest import nvfs
 
+pytestmark = pytest.mark.fuse
+
 
 def _snapshot(root: Path) -> dict[str, bytes | None]:
     """Every file (with contents) and directory (None) below ``root``, hidden ones included."""

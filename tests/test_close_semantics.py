@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import wait_until
 
+pytestmark = pytest.mark.fuse
+
 MIB = 1 << 20
 OLD_SIZE = 9 * MIB + 4321  # several chunks and a partial last one
 PART = 5 * MIB + 77  # what each writer has written of the new version when the daemon dies

@@ -38,6 +38,8 @@ from nvfs.codec.planes import (
 from nvfs.formats import LayoutTracker
 from nvfs.store.chunk import CHUNK_HASHES, ChunkCorrupt, decode_chunk, encode_chunk
 
+pytestmark = pytest.mark.unit
+
 ENGINE = CpuEngine(level=3)
 FLOAT_DTYPES = {ElementKind.FP16: np.float16, ElementKind.FP32: np.float32, ElementKind.FP64: np.float64}
 SPECIALS = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-310, 65504.0, 1e-8]
@@ -225,6 +227,7 @@ def test_regions_roundtrip_bit_exact(parts, seed):
     _roundtrip(data, None)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(kind=st.sampled_from([ElementKind.BF16, ElementKind.FP32]), cut=st.integers(0, 7),
        chunk=st.integers(1, 300_000), seed=st.integers(0, 1000))

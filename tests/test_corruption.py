@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fuse
+
 MIB = 1 << 20
 CHUNK = MIB
 HEADER_SIZE = 64

@@ -21,6 +21,8 @@ import pytest
 
 from tests.conftest import wait_until_dead
 
+pytestmark = pytest.mark.fuse
+
 MIB = 1 << 20
 TOTAL_MIB = 256  # what the writer would write if nothing stopped it
 KILL_AT_MIB = 50  # when the daemon is killed

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import drop_cache, wait_until
 
+pytestmark = pytest.mark.fuse
+
 MIB = 1 << 20
 SMALL_CHUNK = 64 << 10
 _NIBBLES = bytes(range(256)).translate(bytes(b & 0x0F for b in range(256)))

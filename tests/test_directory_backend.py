@@ -10,6 +10,8 @@ import pytest
 from nvfs.backend import ObjectNotFound
 from nvfs.backend.directory import DirectoryBackend
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def backend(tmp_path):

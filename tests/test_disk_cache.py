@@ -6,7 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Mount, drop_cache, wait_until
+
+pytestmark = [pytest.mark.fuse, pytest.mark.s3]
 
 MIB = 1 << 20
 

@@ -6,6 +6,10 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 _QUALIFIED = re.compile(r"(test_\w+)\.py::(test_\w+)")
 _BARE = re.compile(r"`(test_\w+)`")

@@ -19,6 +19,8 @@ import pytest
 
 from nvfs.store import DEFAULT_CHUNK_SIZE
 
+pytestmark = pytest.mark.fuse
+
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -47,7 +49,8 @@ CASES = [
     *(pytest.param(DEFAULT, seed, "dir", id=f"chunk-default-seed{seed}") for seed in (1, 2, 3)),
     *(pytest.param(PRESSURE, seed, "dir", id=f"pressure-seed{seed}") for seed in (1, 2)),
     pytest.param(NOCACHE, 1, "dir", id="nocache-seed1"),
-    pytest.param(dataclasses.replace(SMALL, steps=300), 5, "s3", id="s3-chunk64k-seed5"),
+    pytest.param(dataclasses.replace(SMALL, steps=300), 5, "s3", id="s3-chunk64k-seed5",
+                 marks=pytest.mark.s3),
 ]
 
 

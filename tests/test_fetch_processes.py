@@ -23,6 +23,8 @@ from nvfs.backend.object_get import GetterSettings, ObjectGet
 from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
 from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children, wait_until_dead
 
+pytestmark = [pytest.mark.fuse, pytest.mark.s3]
+
 
 @pytest.fixture
 def stored(mount_factory):

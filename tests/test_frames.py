@@ -1,10 +1,13 @@
 """Frame tables of byte planes (the GPU engine's bookkeeping), checked against plain loops."""
 
 import numpy as np
+import pytest
 
 from nvfs.codec.base import ITEM_SIZE, Codec, ElementKind
 from nvfs.codec.frames import BatchPlanes, frame_table, pack_batch_params, plane_frames
 from nvfs.codec.planes import PlaneEntry, RegionEntry, pack_params
+
+pytestmark = pytest.mark.unit
 
 
 def test_planes_cut_into_frames_with_a_short_last_one_and_empty_planes_skipped():

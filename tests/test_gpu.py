@@ -239,6 +239,7 @@ def test_table_uploads_survive_the_ring_wrapping(gpu):
     assert np.array_equal(big_device.get(), big)
 
 
+@pytest.mark.fuse
 def test_torch_save_and_load_of_gigabytes_through_a_gpu_mount(gpu, mount_factory):
     """A multi-GB mixed-precision state dict through the mount with engine=gpu, read back exactly."""
     torch = pytest.importorskip("torch")
@@ -266,6 +267,8 @@ def test_torch_save_and_load_of_gigabytes_through_a_gpu_mount(gpu, mount_factory
     mount.umount()
 
 
+@pytest.mark.fuse
+@pytest.mark.s3
 def test_a_gpu_mount_on_s3_decodes_portable_chunks_in_fetch_processes(gpu_ans, mount_factory):
     """Fetch processes serve a GPU mount too: portable chunks decode there, ANS chunks in the daemon.
 

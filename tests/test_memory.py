@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from nvfs.testing.procfs import proc_status
+
+pytestmark = pytest.mark.fuse
 
 MIB = 1 << 20
 BURST = 512  # MiB written

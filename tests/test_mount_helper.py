@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import Mount, wait_until_dead
 
+pytestmark = pytest.mark.fuse
+
 REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "mount_helpers" / "mount.fuse.nvfs"
 INSTALLED = Path("/sbin/mount.fuse.nvfs")

@@ -21,6 +21,8 @@ import pytest
 from nvfs.store import DEFAULT_CHUNK_SIZE
 from tests.conftest import drop_cache, wait_until
 
+pytestmark = pytest.mark.fuse
+
 KIB = 1 << 10
 MIB = 1 << 20
 SMALL_CHUNK = 64 * KIB

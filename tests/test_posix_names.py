@@ -12,6 +12,8 @@ import stat
 
 import pytest
 
+pytestmark = pytest.mark.fuse
+
 NAME_MAX = 255
 KEY_MAX = 1024
 COMPONENT = "d" * 200

@@ -25,6 +25,8 @@ from nvfs.codec.cpu import CpuEngine
 from nvfs.store import Store
 from nvfs.vfs import ROOT_INO, Node, Vfs, VfsConfig
 
+pytestmark = pytest.mark.unit
+
 CHUNK = 1 << 20
 REQUEST = CHUNK  # one chunk each, as the kernel sends a 1 MiB read-ahead window
 SIZE = 48 * CHUNK

@@ -35,6 +35,8 @@ from nvfs.store import DEFAULT_CHUNK_SIZE
 from nvfs.testing.seaweed import SECRET_KEY, SeaweedServer, free_port
 from tests.conftest import NVFS, Mount
 
+pytestmark = [pytest.mark.fuse, pytest.mark.s3]
+
 MIB = 1 << 20
 TTL = 1.0  # -o metadata_ttl of the shared-bucket tests
 ATTR_TIMEOUT = 1.0  # entry and attribute timeout nvfs hands the kernel (nvfs/fuse/operations.py)

@@ -18,6 +18,8 @@ import pytest
 from nvfs.options import OptionError, parse_options
 from tests.conftest import Mount, nvfs, wait_until
 
+pytestmark = [pytest.mark.fuse, pytest.mark.s3]
+
 MIB = 1 << 20
 REQUEST_TIMEOUT = 4.0  # seconds: the whole of one request, its retries included
 DEADLINES = ("connect_timeout=1", "read_timeout=2", f"request_timeout={REQUEST_TIMEOUT:g}")

@@ -23,6 +23,8 @@ from nvfs.backend.http_get import ObjectGetter
 from nvfs.backend.s3 import S3Backend
 from nvfs.testing.seaweed import SeaweedServer
 
+pytestmark = pytest.mark.s3
+
 
 @pytest.fixture(params=["prefix", "run 1/ü+%x"])
 def reader_backend(own_server: SeaweedServer, monkeypatch, request) -> S3Backend:

@@ -12,7 +12,11 @@ import os
 import stat
 import subprocess
 
+import pytest
+
 from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.fuse, pytest.mark.s3]
 
 FILES = 300
 

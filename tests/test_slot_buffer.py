@@ -1,7 +1,11 @@
 """A slot's dirty buffer: writes anywhere below the chunk size, holes as zeros, room grown in place."""
 
+import pytest
+
 from nvfs.store import SharedSlots
 from nvfs.vfs.content import SlotBuffer
+
+pytestmark = pytest.mark.unit
 
 CHUNK = 1 << 20
 

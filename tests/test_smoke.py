@@ -1,5 +1,9 @@
 import os
 
+import pytest
+
+pytestmark = [pytest.mark.fuse, pytest.mark.smoke]
+
 
 def test_write_read_remount(mounted):
     path = mounted.path / "hello.txt"

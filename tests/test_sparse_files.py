@@ -23,6 +23,8 @@ import pytest
 from nvfs.testing.procfs import proc_status
 from tests.conftest import MIB, Mount, wait_until
 
+pytestmark = pytest.mark.fuse
+
 NOBODY = 65534
 ADDRESS_SPACE_ROOM = 2 << 30  # the cap: what the daemon maps now plus this much
 GROWTH_BOUND = 64 * MIB  # a petabyte-sized file must not raise the daemon's peak by more

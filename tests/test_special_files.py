@@ -10,6 +10,8 @@ import threading
 
 import pytest
 
+pytestmark = pytest.mark.fuse
+
 OTHER_GROUP = 4321  # a group nobody here belongs to: inheritance, not the creator, must set it
 
 

@@ -6,7 +6,11 @@ import json
 import os
 import signal
 
+import pytest
+
 from tests.conftest import Mount
+
+pytestmark = [pytest.mark.fuse, pytest.mark.s3]
 
 
 def _staged_keys(stage) -> list[str]:

@@ -23,6 +23,8 @@ from nvfs.codec import CpuEngine
 from nvfs.store import FetchPool, Manifest, SharedSlots, Store, StoreUnavailable
 from tests.conftest import MIB, drop_cache
 
+pytestmark = pytest.mark.fuse
+
 TMPFS_SIZE = 6 * MIB  # room for one incompressible 4 MiB chunk, not two
 
 

@@ -23,6 +23,8 @@ import pytest
 from nvfs.store.manifest import Manifest, ManifestError
 from tests.conftest import Mount, wait_until
 
+pytestmark = pytest.mark.fuse
+
 MIB = 1 << 20
 CANARY = b"canary: nvfs must neither read nor delete this file\n"
 GOOD = os.urandom(2 * MIB + 77)
@@ -270,6 +272,7 @@ def test_special_kind_round_trips_and_checks_its_type_bits():
         Manifest.from_bytes(Manifest("special", stat.S_IFREG | 0o644, 0, 0, 0, 0).to_bytes())
 
 
+@pytest.mark.s3
 def test_a_listing_read_concurrently_equals_one_read_in_order(mount_factory, monkeypatch):
     """On S3 a listing reads its manifests and markers several at a time: same entries, same order."""
     from nvfs.backend import open_backend

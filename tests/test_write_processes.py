@@ -24,9 +24,12 @@ from nvfs.codec import CpuEngine
 from nvfs.store import FetchPool, SharedSlots, Store
 from tests.conftest import MIB, checkpoint_like, fetch_children, wait_until, wait_until_dead
 
+pytestmark = pytest.mark.fuse
+
 CPU = ("engine=cpu",)  # write processes code with the CPU engine only
 
 
+@pytest.mark.s3
 def test_a_directory_store_has_one_write_process_and_s3_none(mount_factory):
     """Where the GPU engine codes (on the GPU machine, by default) the daemon writes chunks itself."""
     local = mount_factory("local", options=CPU)

@@ -22,6 +22,8 @@ from nvfs.codec import planes as plane_module
 from nvfs.codec.base import ElementKind
 from nvfs.codec.planes import PlaneCoder, to_planes
 
+pytestmark = pytest.mark.unit
+
 KERNELS = Path(__file__).resolve().parent.parent / "nvfs" / "codec" / "zstd_huffman.cu"
 FRAME = 64 << 10
 
