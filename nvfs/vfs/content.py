@@ -94,7 +94,7 @@ class Slot:
 
     @property
     def state(self) -> SlotState:
-        """The state the fields give, in order of precedence (a buffer hides a ref it replaces)."""
+        """The state the fields give: the buffer, the frozen bytes and the ref, tested in that order."""
         if self.buffer is not None:
             return SlotState.DIRTY
         if self.frozen is not None:
