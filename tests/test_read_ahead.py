@@ -1,4 +1,4 @@
-"""Read-ahead of a sequential reader whose requests come and finish out of order (nvfs/vfs/filesystem.py).
+"""Read-ahead of a sequential reader whose requests come and finish out of order (nvfs/vfs/reader.py).
 
 The kernel sends a sequential reader's requests several at a time; they finish in whatever
 order their chunks arrive. Judged by the order they finish in, a reader looked as if it

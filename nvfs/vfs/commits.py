@@ -4,14 +4,12 @@ A version is committed -- its manifest written, which makes it durable and visib
 store -- when the last handle that can write the file is released, on fsync, and at
 unmount; never by FUSE ``flush``. The kernel sends ``flush`` on every close(2): of a
 dup'ed descriptor, of the copy a forked child closes at exec, of the descriptor a shell
-closes after setting up ``>``. Committing there published half-written files, and a crash
-afterwards left them in place of the previous version. ``flush`` stores the data written
-so far and reports a failure to store it, so that close(2) returns ENOSPC or EIO, but it
-writes no manifest. ``release`` is sent once the kernel drops the open file, after the
-last close(2) of every descriptor sharing it, and close(2) does not wait for it: the
-commit follows close by moments (fsync waits for it).
-
-:class:`Committing` is mixed into :class:`nvfs.vfs.filesystem.Vfs`, whose state it uses.
+closes after setting up ``>``. Committing there would publish half-written files, and a
+crash afterwards would leave them in place of the previous version. ``flush`` stores the
+data written so far and reports a failure to store it, so that close(2) returns ENOSPC or
+EIO, but it writes no manifest. ``release`` is sent once the kernel drops the open file,
+after the last close(2) of every descriptor sharing it, and close(2) does not wait for it:
+the commit follows close by moments (fsync waits for it).
 """
 
 from __future__ import annotations
@@ -22,47 +20,71 @@ from collections.abc import Callable
 
 import trio
 
+from nvfs.store import Store
+from nvfs.vfs.config import VfsConfig
 from nvfs.vfs.content import FileContent
 from nvfs.vfs.errors import VfsError, store_errno
+from nvfs.vfs.garbage import GarbageCollector
+from nvfs.vfs.handles import OpenFiles
+from nvfs.vfs.inodes import Inodes
 from nvfs.vfs.node import Node
+from nvfs.vfs.workers import Workers
+from nvfs.vfs.writer import Writer
 
 log = logging.getLogger(__name__)
 
 
-class Committing:
-    """Close, release and commit of open files (a part of :class:`Vfs`)."""
+def _forget_nothing(ino: int, parent_ino: int | None, name: str) -> None:
+    """Where no kernel caches the files (no FUSE adapter): nothing to forget."""
 
-    # Called (in a worker thread) with an inode, its parent directory's inode and its name,
-    # when the kernel must forget what it cached of the file (data, attributes, the entry)
-    # because the file went back to its committed version; the FUSE adapter sets it.
-    invalidate_kernel_cache: Callable[[int, int | None, str], None] = staticmethod(
-        lambda ino, parent_ino, name: None)
+
+class Committer:
+    """Close, release and commit of open files."""
+
+    def __init__(self, store: Store, inodes: Inodes, files: OpenFiles, writer: Writer,
+                 garbage: GarbageCollector, workers: Workers, config: VfsConfig) -> None:
+        self._store = store
+        self._inodes = inodes
+        self._files = files
+        self._writer = writer
+        self._garbage = garbage
+        self._workers = workers
+        self._config = config
+        # Called (in a worker thread) with an inode, its parent directory's inode and its name,
+        # when the kernel must forget what it cached of the file (data, attributes, the entry)
+        # because the file went back to its committed version; the FUSE adapter sets it.
+        self.invalidate_kernel_cache: Callable[[int, int | None, str], None] = _forget_nothing
+        self._background_commits = 0  # of every file
+        self._background_commits_idle = trio.Event()
+        self._background_commits_idle.set()
+
+    async def wait_background_commits(self) -> None:
+        """Return once no commit that ``async_close`` left running is running."""
+        await self._background_commits_idle.wait()
 
     async def flush(self, fh: int) -> None:
         """close(2) of one descriptor: store what was written and report a failure; commit nothing.
 
         With ``async_close`` close returns at once and only reports a failure already known.
         """
-        handle = self.handle(fh)
+        handle = self._files.handle(fh)
         node, content = handle.node, handle.node.content
         if not handle.writable or content is None:
             return
-        if self.config.async_close:
-            self._raise_stored_error(content)
+        if self._config.async_close:
+            _raise_stored_error(content)
             return
         async with node.lock:
             await self._store_dirty(node, content)
 
     async def release(self, fh: int) -> None:
         """The kernel dropped an open file: commit once no handle can write the file any more."""
-        handle = self._handles.pop(fh, None)
+        handle = self._files.close_handle(fh)
         if handle is None:
             return
         node = handle.node
-        node.open_count -= 1
-        node.writers -= handle.writable
-        if node.needs_commit() and not self.has_writer(node):
-            if self.config.async_close:
+        if node.needs_commit() and not node.has_writer():
+            if self._config.async_close:
                 self._commit_in_background(node)
                 return  # the commit lets go of the contents when it is done
             try:
@@ -70,10 +92,6 @@ class Committing:
             except VfsError as exc:
                 log.error("%s: uncommitted data could not be stored: %s", node.display_path(), exc)
         self._let_go(node)
-
-    def has_writer(self, node: Node) -> bool:
-        """Whether a handle open for writing refers to ``node``: its version is not finished."""
-        return node.writers > 0  # counted per node: a release must not scan every open handle
 
     def _let_go(self, node: Node) -> None:
         """The last handle is closed and no commit is running: revert a failed version, drop the contents.
@@ -87,17 +105,16 @@ class Committing:
             return
         if node.content is not None and node.content.error is not None:
             self._discard_failed_changes(node)
-        self._release_content(node)
+        self._files.release_content(node)
 
     def _commit_in_background(self, node: Node) -> None:
         if not node.needs_commit():
             return
-        assert self._nursery is not None
         node.background_commits += 1
         if self._background_commits == 0:
             self._background_commits_idle = trio.Event()
         self._background_commits += 1
-        self._nursery.start_soon(self._background_commit, node)
+        self._workers.start_soon(self._background_commit, node)
 
     async def _background_commit(self, node: Node) -> None:
         """A commit nobody waits for: a failure can only be logged (the file keeps its old version)."""
@@ -130,11 +147,10 @@ class Committing:
         node.meta_dirty = False
         parent_ino = node.parent.ino if node.parent is not None else None
         if node.manifest is None and node.parent is not None and not node.unlinked:
-            self._detach(node.parent, node)
+            self._inodes.detach(node.parent, node)
         elif node.manifest is not None:
             node.take_attributes(node.manifest)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._invalidate, node.ino, parent_ino, node.name)
+        self._workers.start_soon(self._invalidate, node.ino, parent_ino, node.name)
 
     async def _invalidate(self, ino: int, parent_ino: int | None, name: str) -> None:
         # In a thread: the kernel may first write dirty pages of the file back to this
@@ -144,24 +160,20 @@ class Committing:
     async def commit(self, node: Node) -> None:
         """Make the file's current contents durable and visible in the store (last release, fsync)."""
         async with node.lock:
-            await self._commit_locked(node)
+            await self.commit_locked(node)
 
     async def _store_dirty(self, node: Node, content: FileContent) -> None:
         """Store every dirty slot and wait for the uploads; raise the errno of a failed one."""
         for index in list(content.dirty_slots):
             if content.error is not None:
                 break  # no point in storing more of a version that cannot be committed
-            await self._submit(node, index)
+            await self._writer.submit(node, index)
         if content.error is None:
             await content.wait_uploads()
-        self._raise_stored_error(content)
+        _raise_stored_error(content)
 
-    @staticmethod
-    def _raise_stored_error(content: FileContent) -> None:
-        if content.error is not None:
-            raise VfsError(store_errno(content.error), f"storing data failed: {content.error}")
-
-    async def _commit_locked(self, node: Node) -> None:
+    async def commit_locked(self, node: Node) -> None:
+        """:meth:`commit` for a caller that holds the node's lock."""
         if not node.needs_commit():
             return
         content = node.content
@@ -169,9 +181,9 @@ class Committing:
             await self._store_dirty(node, content)
         manifest = node.to_manifest()
         if manifest.kind == "file" and content is not None:
-            manifest.engine = self.store.engine.name
+            manifest.engine = self._store.engine.name
         replaced = node.manifest
-        await self._run(self.store.write_entry, node.path(), manifest)
+        await self._workers.run(self._store.write_entry, node.path(), manifest)
         if manifest.kind == "file":
             node.manifest = manifest
         node.changed_at = trio.current_time()
@@ -180,12 +192,12 @@ class Committing:
         node.meta_dirty = False
         changed = replaced is not None and manifest.kind == "file" and replaced.chunks != manifest.chunks
         if changed or (content is not None and content.orphaned):
-            self._request_gc()
+            self._garbage.request()
             if content is not None:
                 content.orphaned = False
         log.debug("committed %s: %d bytes", node.display_path(), node.size())
 
-    async def _commit_attributes_locked(self, node: Node) -> None:
+    async def commit_attributes_locked(self, node: Node) -> None:
         """Store changed attributes (chmod, chown) with the committed contents, not the ones being written.
 
         A writer is still open: its version is unfinished and must not be committed, but the
@@ -196,7 +208,13 @@ class Committing:
             return  # a file never committed: its first commit stores the attributes
         manifest = dataclasses.replace(committed, mode=node.mode, uid=node.uid, gid=node.gid,
                                        ctime_ns=node.ctime_ns)
-        await self._run(self.store.write_entry, node.path(), manifest)
+        await self._workers.run(self._store.write_entry, node.path(), manifest)
         node.manifest = manifest
         if node.content is None or not node.content.dirty:
             node.meta_dirty = False
+
+
+def _raise_stored_error(content: FileContent) -> None:
+    """Raise the errno of this version's failed upload, if one failed."""
+    if content.error is not None:
+        raise VfsError(store_errno(content.error), f"storing data failed: {content.error}")

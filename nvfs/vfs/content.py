@@ -1,10 +1,10 @@
 """The in-memory state of one file's contents while it is open or not yet committed.
 
 A file is a row of fixed-size *slots*; slot ``i`` covers bytes
-``[i * chunk_size, (i + 1) * chunk_size)``. Each slot is, in order of precedence:
-a dirty ``buffer`` being written, ``frozen`` bytes being compressed and stored, a stored
-chunk (``ref``), or a hole of zeros. Data in a slot is never longer than the file's size
-allows, and shorter data reads as zeros up to it.
+``[i * chunk_size, (i + 1) * chunk_size)``. Each slot is in one :class:`SlotState`: a dirty
+``buffer`` being written, ``frozen`` bytes being compressed and stored, a stored chunk
+(``ref``), or a hole of zeros. Data in a slot is never longer than the file's size allows,
+and shorter data reads as zeros up to it.
 
 Slots are sparse: only those holding data exist, so a hole costs nothing until it is
 written, whatever size a file claims (``truncate -s`` of a petabyte, a manifest declaring
@@ -13,6 +13,7 @@ one) -- memory follows the data written or read, not the logical size.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import numpy as np
@@ -27,11 +28,10 @@ _STREAMING_WRITE = 64 << 10  # a first write this large into a slot: make room f
 class SlotBuffer:
     """A slot's dirty bytes, growing in place up to a chunk.
 
-    A bytearray grown write by write was reallocated, its earlier bytes copied again, and
-    every copy ran holding the GIL on the thread that serves all FUSE requests (py-spy of a
-    2 GiB torch.save: the daemon's GIL held a fifth of the time on that one line). Here a
-    streaming writer gets room for the whole chunk up front, and copies in run in numpy,
-    which releases the GIL for them.
+    A buffer grown write by write is reallocated and its earlier bytes copied again, each
+    copy holding the GIL on the thread that serves every FUSE request. A streaming writer
+    (a first write of ``_STREAMING_WRITE`` or more) gets room for the whole chunk up front
+    instead, and the bytes are copied in by numpy, which releases the GIL while it copies.
     """
 
     __slots__ = ("_array", "_length", "_limit", "_whole_chunk")
@@ -73,8 +73,17 @@ class SlotBuffer:
         return memoryview(self._array)[: self._length]
 
 
+class SlotState(enum.Enum):
+    """What a slot holds. Written, it goes DIRTY -> STORING -> STORED; a write to it makes it DIRTY again."""
+
+    DIRTY = "dirty"  # a SlotBuffer that writes still change
+    STORING = "storing"  # a former buffer's bytes, frozen while they are coded and stored
+    STORED = "stored"  # a chunk in the store (ref), read through the chunk cache
+    HOLE = "hole"  # nothing: reads as zeros
+
+
 class Slot:
-    """One chunk-sized piece of a file."""
+    """One chunk-sized piece of a file: its fields say which :class:`SlotState` it is in."""
 
     __slots__ = ("buffer", "frozen", "ref", "version")
 
@@ -83,6 +92,17 @@ class Slot:
         self.buffer: SlotBuffer | None = None
         self.frozen: memoryview | None = None  # a former buffer's bytes, never changed again
         self.version = 0  # bumped whenever an upload in flight becomes stale
+
+    @property
+    def state(self) -> SlotState:
+        """The state the fields give: the buffer, the frozen bytes and the ref, tested in that order."""
+        if self.buffer is not None:
+            return SlotState.DIRTY
+        if self.frozen is not None:
+            return SlotState.STORING
+        if self.ref is not None:
+            return SlotState.STORED
+        return SlotState.HOLE
 
 
 class FileContent:
@@ -151,7 +171,7 @@ class FileContent:
 
     def stored_estimate(self) -> int:
         """Stored bytes: stored chunks at their stored size, pending data at its logical size."""
-        total = 0
+        total = 0  # the fields tested in SlotState's order, without a property call per slot
         for slot in self.slots.values():
             if slot.buffer is not None:
                 total += len(slot.buffer)

@@ -67,6 +67,10 @@ class Node:
     def is_dir(self) -> bool:
         return self.kind == "dir"
 
+    def has_writer(self) -> bool:
+        """Whether a handle open for writing refers to this node: its version is not finished."""
+        return self.writers > 0  # counted per node: a release must not scan every open handle
+
     def needs_commit(self) -> bool:
         """Whether the store lags behind this node (and the node is still in the namespace)."""
         dirty = self.meta_dirty or (self.content is not None and self.content.dirty)
