@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from nvfs.backend.deadlines import Deadlines
-from nvfs.store.fetch_pool import STORE_TIMEOUT
+from nvfs.store.chunk_processes import PUT_TIMEOUT
 from nvfs.vfs import VfsConfig
 
 
@@ -76,15 +76,15 @@ class MountOptions:
     direct_writes: bool = True  # whole-file write-only handles bypass the page cache (-o cached_writes: not)
     fetch_procs: int = field(default_factory=lambda: default_fetch_procs(os.cpu_count() or 1))
     # Processes that hash, code and write chunks into a directory store (CPU engine), outside
-    # the daemon's GIL (nvfs/store/store.py, Store.put_chunk, says why). In a first probe on
+    # the daemon's GIL (nvfs/store/chunk_io.py says why). In a first probe on
     # the 2-core VM one process with four lanes saved 2 GiB in 4.29-4.37 s, two processes of
     # two lanes each in 4.54-4.60 s.
     write_procs: int = 1
-    write_timeout: float = STORE_TIMEOUT  # seconds a write process may take on one chunk: then it is hung
+    write_timeout: float = PUT_TIMEOUT  # seconds a write process may take on one chunk: then it is hung
 
 
 def default_fetch_procs(cores: int) -> int:
-    """Processes that fetch and decode chunks for reads from S3 (nvfs/store/fetch_pool.py).
+    """Processes that fetch and decode chunks for reads from S3 (nvfs/store/chunk_processes/).
 
     Two where there are cores for them. On 16 cores, alternating, a cold 2 GiB ``cat`` from
     SeaweedFS read 0.78 and 0.89 GB/s without them, 1.12 and 1.05 with two (``torch.load``:

@@ -18,14 +18,15 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
 from nvfs.store import (
     DEFAULT_CHUNK_SIZE,
+    ChunkCall,
     ChunkCorrupt,
-    ChunkRef,
     ChunkUnreadable,
     Manifest,
     Store,
@@ -660,15 +661,9 @@ class Vfs(Committing):
 
     async def _upload(self, node: Node, content: FileContent, index: int, slot: Slot, version: int,
                       data: bytearray, regions) -> None:
-        def store_unless_failed():
-            if content.error is not None:
-                return None  # an earlier chunk of this version failed: it will not be committed
-            return self.store.put_chunk(data, regions)
-
         try:
-            ref = await self._put_by_write_process(data, regions) if content.error is None else None
-            if ref is None:
-                ref = await self._run(store_unless_failed, lane=self._workers)
+            # Not once an earlier chunk of this version failed: it will not be committed.
+            ref = await self._complete(self.store.start_put(data, regions), lambda: content.error is None)
             if ref is None:
                 return
         except Exception as exc:  # surfaces as EIO on the next write, fsync or close
@@ -691,24 +686,6 @@ class Vfs(Committing):
                 self._uploads_idle.set()
                 self._drained.set()
                 self._drained = trio.Event()
-
-    async def _put_by_write_process(self, data: memoryview, regions) -> ChunkRef | None:
-        """The chunk stored by a write process while this task waits on the event loop; ``None``: not now.
-
-        A worker slot is held meanwhile, as a worker thread would hold one: then a lane of
-        the write processes is free whenever a slot is.
-        """
-        if not self.store.writes_elsewhere():
-            return None
-        async with self._workers:
-            pending = self.store.begin_put(data, regions)
-            if pending is None:
-                return None
-            with trio.CancelScope(shield=True):  # the process has the chunk: its answer must be read
-                with trio.move_on_after(pending.timeout):
-                    await trio.lowlevel.wait_readable(pending.fileno())
-                    return self.store.finish_put(pending, answered=True)
-                return self.store.finish_put(pending, answered=False)
 
     def _check_size(self, node: Node, size: int) -> None:
         """Refuse a negative size, and growing a file past ``max_file_size`` (EFBIG)."""
@@ -802,9 +779,7 @@ class Vfs(Committing):
             await pending.wait()  # then look again: that fetch may have failed or been evicted
         done = self._fetching[ref.id] = trio.Event()
         try:
-            data = await self._get_by_fetch_process(ref)
-            if data is None:
-                data = await self._run(self.store.get_chunk, ref, lane=self._workers)
+            data = await self._complete(self.store.start_get(ref))
             evicted = self._cache.put(ref.id, data)
             if evicted:
                 assert self._dropper is not None
@@ -815,24 +790,28 @@ class Vfs(Committing):
                 del self._fetching[ref.id]
             done.set()
 
-    async def _get_by_fetch_process(self, ref) -> memoryview | None:
-        """The chunk from a fetch process while this task waits on the event loop; ``None``: not now.
+    async def _complete(self, call: ChunkCall, wanted: Callable[[], bool] = lambda: True):
+        """The result of a chunk call (store or fetch): from a chunk process or a worker thread.
 
-        A worker slot is held meanwhile, as a worker thread would hold one, so that as many
-        fetches run at once as before and a lane of the fetch processes is free whenever a
-        slot is.
+        While a chunk process has the call, this task waits for it on the event loop and holds
+        a worker slot, as a worker thread would hold one, so that a lane of the chunk processes
+        is free whenever a slot is. ``wanted`` is asked before the work starts, either way:
+        ``None`` where it says no.
         """
-        if not self.store.fetches_elsewhere():
-            return None
-        async with self._workers:
-            sent = self.store.begin_get(ref)
-            if sent is None:
-                return None
-            with trio.CancelScope(shield=True):  # the memfd and the lane come back with the answer
-                with trio.move_on_after(sent.timeout):
-                    await trio.lowlevel.wait_readable(sent.fileno())
-                    return self.store.finish_get(sent, ref, answered=True)
-                return self.store.finish_get(sent, ref, answered=False)
+        if call.may_send and wanted():
+            async with self._workers:
+                if call.send():
+                    with trio.CancelScope(shield=True):  # the process has the chunk: its answer must be read
+                        with trio.move_on_after(call.timeout) as waiting:
+                            await trio.lowlevel.wait_readable(call.fileno())
+                        result = call.receive(answered=not waiting.cancelled_caught)
+                    if result is not None:
+                        return result
+
+        def chunk_call_here():
+            return call.finish() if wanted() else None
+
+        return await self._run(chunk_call_here, lane=self._workers)
 
     def _read_ahead(self, handle: Handle, content: FileContent, offset: int, end: int) -> None:
         """Fetch the chunks after a sequential reader's position before it asks for them.
