@@ -102,7 +102,7 @@ class PutCall(ChunkCall[ChunkRef]):
         collection holds the GC lock.
         """
         chunks = self.chunks
-        if self._offset is None or not chunks.gc_lock.try_shared():
+        if not self.may_send or not chunks.gc_lock.try_shared():
             return False
         assert chunks.put_pool is not None and chunks.buffers is not None and chunks.target is not None
         try:
@@ -198,7 +198,7 @@ class ChunkIO:
     """The chunks of one store: stored once per distinct content, fetched and checked.
 
     ``get_pool`` fetches chunks that come by signed GETs; ``put_pool`` stores chunks of a
-    directory store coded by the CPU engine, from ``buffers``. Each is left unused elsewhere.
+    directory store coded by the CPU engine, from ``buffers``. Each is left unused where it cannot serve.
     """
 
     def __init__(self, backend: Backend, engine: Engine, version: int, hash_name: str, digest_of,

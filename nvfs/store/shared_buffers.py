@@ -4,7 +4,7 @@ A whole-chunk write buffer taken from here is a piece of one memfd that the writ
 (:mod:`nvfs.store.chunk_processes`) have mapped too: the FUSE thread copies the writer's bytes into
 it once, and a write process hashes, codes and stores the chunk from the same pages. Nothing
 is copied to hand it over and no worker thread of the daemon runs Python beside the FUSE
-thread (see :mod:`nvfs.store.chunks` for why that matters).
+thread (see :mod:`nvfs.store.chunk_io` for why that matters).
 
 A buffer goes back to the free list when the last reference to it is dropped (the file's chunk was
 stored, overwritten, truncated or its file let go), whoever held it: no caller has to give

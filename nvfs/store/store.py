@@ -44,10 +44,9 @@ class Store:
         self.backend = backend
         self.engine = engine
         self.superblock = superblock
-        self.version = int(superblock["nvfs_store"])
-        self.hash_name = superblock.get("hash", "sha256")
+        hash_name = superblock.get("hash", "sha256")
         try:
-            digest_of = chunk_hash(self.hash_name)
+            digest_of = chunk_hash(hash_name)
         except KeyError as exc:
             raise StoreError(f"{backend.describe()}: {SUPERBLOCK_KEY}: {exc.args[0]}") from None
         grace = collection_grace(backend, gc_grace)
@@ -55,8 +54,9 @@ class Store:
         gc_lock = SharedExclusiveLock()
         self._reads = ListingReads(backend)
         self.namespace = Namespace(backend, self._reads)
-        self.chunks = ChunkIO(backend, engine, self.version, self.hash_name, digest_of, self._pins, gc_lock,
-                              grace, disk_cache, fetch_pool, write_pool, write_buffers)
+        version = int(superblock["nvfs_store"])
+        self.chunks = ChunkIO(backend, engine, version, hash_name, digest_of, self._pins, gc_lock, grace,
+                              disk_cache, fetch_pool, write_pool, write_buffers)
         self._collector = GarbageCollector(backend, self.namespace, self._pins, gc_lock, self.chunks.known,
                                            grace)
 
@@ -69,7 +69,7 @@ class Store:
 
         ``fetch_pool`` serves reads where chunks come by signed GETs; ``write_pool`` stores
         chunks of a directory store coded by the CPU engine, from ``write_buffers``
-        (:mod:`nvfs.store.chunk_io`). Each is left unused elsewhere.
+        (:mod:`nvfs.store.chunk_io`). Each is left unused where it cannot serve.
         """
         superblock = read_superblock(backend)
         # Fetch processes decode on the CPU what comes by signed GETs, whatever the engine: on

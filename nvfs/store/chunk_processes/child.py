@@ -51,7 +51,7 @@ class _Getters:
 
 def _decode_into(memfd: int, request: ObjectGet, chunk_id: str, length: int, hash_name: str,
                  engine: Engine, getters: _Getters) -> None:
-    """Leave the chunk in ``memfd``, checked as :meth:`nvfs.store.chunks.Chunks.get` checks it.
+    """Leave the chunk in ``memfd``, checked as :meth:`nvfs.store.chunk_io.ChunkIO.get` checks it.
 
     Chunks of float planes decode straight into it: no buffer of their own, no copy.
     """
@@ -76,7 +76,7 @@ class _ChunkWriter:
 
     def store(self, buffers_fd: int | None, offset: int, length: int, regions: list[tuple[int, int]] | None,
               target: ChunkTarget | None) -> tuple[str, int, str]:
-        """What :meth:`nvfs.store.chunks.Chunks.put` does on a directory store, from shared memory.
+        """What :meth:`nvfs.store.chunk_io.ChunkIO.put` does on a directory store, from shared memory.
 
         ``buffers_fd`` and ``target`` come with a lane's first request only (``None`` after).
         """
