@@ -108,7 +108,7 @@ def engine_probe(state: dict[str, Any], nvfs_options: str) -> str:
     """
     from nvfs.codec import make_engine
     from nvfs.store.chunk import chunk_hash, encode_chunk
-    from nvfs.store.store import NEW_STORE_HASH
+    from nvfs.store.superblock import NEW_STORE_HASH
 
     options = parse_options([nvfs_options] if nvfs_options else [])
     size = options.vfs.chunk_size

@@ -21,7 +21,7 @@ from nvfs.daemon import default_log_file, run_in_background, serve, setup_loggin
 from nvfs.option_docs import render_help
 from nvfs.option_registry import SHARED_METADATA_TTL
 from nvfs.options import MountOptions, OptionError, parse_options
-from nvfs.store import ChunkFileCache, DiskCacheError, FetchPool, SharedSlots, Store, StoreError
+from nvfs.store import ChunkFileCache, ChunkProcessPool, DiskCacheError, SharedChunkBuffers, Store, StoreError
 
 COMMANDS = ("mount", "umount", "stat")
 XATTR = "user.nvfs."
@@ -115,14 +115,14 @@ def open_store(backend: Backend, options: MountOptions, disk_cache: ChunkFileCac
     Called in the daemon process, after the fork: a CUDA context does not survive ``fork``.
     """
     engine = make_engine(options.engine, options.level, gpu=options.gpu, codec=options.codec)
-    fetch_pool = FetchPool(options.fetch_procs, options.vfs.threads) if options.fetch_procs else None
+    fetch_pool = ChunkProcessPool(options.fetch_procs, options.vfs.threads) if options.fetch_procs else None
     write_pool = buffers = None
     if options.write_procs:
-        write_pool = FetchPool(options.write_procs, options.vfs.threads, options.write_timeout)
+        write_pool = ChunkProcessPool(options.write_procs, options.vfs.threads, options.write_timeout)
         # Room for every chunk in flight and one being written per worker; past that, chunks
         # are buffered and stored in the daemon. Pages are only allocated once used.
         chunk = options.vfs.chunk_size
-        buffers = SharedSlots(options.vfs.max_inflight // chunk + options.vfs.threads, chunk)
+        buffers = SharedChunkBuffers(options.vfs.max_inflight // chunk + options.vfs.threads, chunk)
     return Store.open(backend, engine, options.gc_grace, disk_cache, fetch_pool, write_pool, buffers)
 
 

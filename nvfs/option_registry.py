@@ -18,8 +18,8 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from nvfs.backend.deadlines import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_TIMEOUT, DEFAULT_REQUEST_TIMEOUT
-from nvfs.store.fetch_pool import STORE_TIMEOUT
-from nvfs.store.store import SHARED_GC_GRACE
+from nvfs.store.chunk_processes import PUT_TIMEOUT
+from nvfs.store.garbage import SHARED_GC_GRACE
 from nvfs.vfs import VfsConfig
 
 _Number = TypeVar("_Number", int, float)
@@ -295,7 +295,7 @@ GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
         Option("write_procs", Kind.INT, "write_procs", 1, bounds=(0, 64), applies=DIRECTORY_ONLY,
                help="processes that hash, code and write the chunks of a directory store with the CPU "
                     "engine; 0: worker threads do it", see=("why", "decisions/write-processes.md")),
-        Option("write_timeout", Kind.SECONDS, "write_timeout", STORE_TIMEOUT, bounds=(1, 86400),
+        Option("write_timeout", Kind.SECONDS, "write_timeout", PUT_TIMEOUT, bounds=(1, 86400),
                applies=DIRECTORY_ONLY,
                help="a write process that takes longer on one chunk is taken for hung: killed and replaced, "
                     "its chunk stored again"),

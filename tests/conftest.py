@@ -80,7 +80,7 @@ def fetch_children(daemon_pid: int) -> list[int]:
     for pid in children_of(daemon_pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                if b"nvfs.store.fetch_child" in cmdline.read():
+                if b"nvfs.store.chunk_processes.child" in cmdline.read():
                     found.append(pid)
         except OSError:
             continue

@@ -1,4 +1,4 @@
-"""Fetch processes (``-o fetch_procs=N``, nvfs/store/fetch_pool.py) on a real S3 mount.
+"""Fetch processes (``-o fetch_procs=N``, nvfs/store/chunk_processes/) on a real S3 mount.
 
 Reads go through child processes that GET, decode and verify chunks: the bytes must come
 back exact, a damaged or missing chunk must still be EIO naming the file and chunk, and a
@@ -20,7 +20,7 @@ import pytest
 
 from nvfs.backend import BackendError
 from nvfs.backend.object_get import GetterSettings, ObjectGet
-from nvfs.store.fetch_pool import ChunkMaps, FetchPool, FetchProcessFailed
+from nvfs.store.chunk_processes import ChunkMaps, ChunkProcessFailed, ChunkProcessPool
 from tests.conftest import MIB, checkpoint_like, drop_cache, fetch_children, wait_until_dead
 
 pytestmark = [pytest.mark.fuse, pytest.mark.s3]
@@ -118,17 +118,17 @@ def _unreachable_get() -> ObjectGet:
 
 
 def test_a_ready_pool_takes_requests_from_the_event_loop_on_every_lane():
-    """Once wait_ready says so, begin_fetch finds every lane ready: none waits in a thread."""
-    pool = FetchPool(processes=2, fetches=4)
+    """Once wait_ready says so, send_get finds every lane ready: none waits in a thread."""
+    pool = ChunkProcessPool(processes=2, calls=4)
     try:
         pool.start()
         assert pool.wait_ready(60)
-        sent = [pool.begin_fetch(_unreachable_get(), "ab" * 32, MIB, "blake3") for _ in range(4)]
+        sent = [pool.send_get(_unreachable_get(), "ab" * 32, MIB, "blake3") for _ in range(4)]
         assert all(request is not None for request in sent)
-        assert pool.begin_fetch(_unreachable_get(), "ab" * 32, MIB, "blake3") is None  # all busy
+        assert pool.send_get(_unreachable_get(), "ab" * 32, MIB, "blake3") is None  # all busy
         for request in sent:
             with pytest.raises(BackendError):
-                pool.finish_fetch(request)
+                pool.receive_get(request)
     finally:
         pool.close()
 
@@ -136,7 +136,7 @@ def test_a_ready_pool_takes_requests_from_the_event_loop_on_every_lane():
 def test_waiting_for_a_pool_whose_processes_exit_ends_at_once(monkeypatch):
     """A child that exits before it is ready ends the wait: the mount is not held for the timeout."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    pool = FetchPool(processes=2, fetches=4)
+    pool = ChunkProcessPool(processes=2, calls=4)
     try:
         pool.start()
         started = time.monotonic()
@@ -149,13 +149,13 @@ def test_waiting_for_a_pool_whose_processes_exit_ends_at_once(monkeypatch):
 def test_a_pool_whose_processes_cannot_start_turns_off(monkeypatch, caplog):
     """A child that dies before serving anything is not restarted: every read would pay for it."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    pool = FetchPool(processes=1, fetches=2)
+    pool = ChunkProcessPool(processes=1, calls=2)
     request = _unreachable_get()
     try:
-        with pytest.raises(FetchProcessFailed, match="did not start|before it was ready"):
-            pool.fetch(request, "ab" * 32, MIB, "blake3")
-        with pytest.raises(FetchProcessFailed, match="off"):
-            pool.fetch(request, "ab" * 32, MIB, "blake3")
+        with pytest.raises(ChunkProcessFailed, match="did not start|before it was ready"):
+            pool.get(request, "ab" * 32, MIB, "blake3")
+        with pytest.raises(ChunkProcessFailed, match="off"):
+            pool.get(request, "ab" * 32, MIB, "blake3")
     finally:
         pool.close()
     assert "exited with status 1 before it was ready" in caplog.text

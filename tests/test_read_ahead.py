@@ -133,7 +133,7 @@ def test_evicted_chunks_are_let_go_of_off_the_event_loop(tmp_path):
             await stored_file(vfs, data)
             small = VfsConfig(chunk_size=CHUNK, cache_size=4 * CHUNK, readahead=2 * CHUNK, threads=4)
             reader = Vfs(vfs.store, small)
-            reader.store.get_chunk = mapped(reader.store.get_chunk)
+            reader.store.chunks.get = mapped(reader.store.chunks.get)
             reader.start(nursery)
             fh = await reader.open((await reader.lookup(ROOT_INO, "ckpt")).ino, os.O_RDONLY)
             for offset in range(0, SIZE, REQUEST):

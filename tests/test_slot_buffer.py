@@ -2,7 +2,7 @@
 
 import pytest
 
-from nvfs.store import SharedSlots
+from nvfs.store import SharedChunkBuffers
 from nvfs.vfs.content import SlotBuffer
 
 pytestmark = pytest.mark.unit
@@ -43,21 +43,21 @@ def test_room_for_a_whole_chunk_comes_from_the_shared_buffers_however_it_began()
     Chunks outside the shared buffers are coded in the daemon, beside the FUSE thread: in a
     2 GiB torch.save 61 of 512 chunks began that way before this was so.
     """
-    slots = SharedSlots(2, CHUNK)
+    buffers = SharedChunkBuffers(2, CHUNK)
 
     def take(size: int):
         assert size == CHUNK
-        return slots.take()
+        return buffers.take()
 
     streaming = SlotBuffer(CHUNK, b"", first_write_end=CHUNK, whole_chunk=take)
     streaming.write(0, memoryview(b"s" * 10))
-    assert slots.offset_of(streaming.view()) is not None
+    assert buffers.offset_of(streaming.view()) is not None
     small = SlotBuffer(CHUNK, b"", first_write_end=60, whole_chunk=take)
     small.write(0, memoryview(b"h" * 60))
-    assert slots.offset_of(small.view()) is None  # a small file stays in a small array
+    assert buffers.offset_of(small.view()) is None  # a small file stays in a small array
     small.write(60, memoryview(b"x" * (CHUNK - 60)))
-    assert slots.offset_of(small.view()) is not None
+    assert buffers.offset_of(small.view()) is not None
     assert bytes(small.view()) == b"h" * 60 + b"x" * (CHUNK - 60)
     third = SlotBuffer(CHUNK, b"", first_write_end=CHUNK, whole_chunk=take)  # none left
     third.write(0, memoryview(b"y" * CHUNK))
-    assert slots.offset_of(third.view()) is None and bytes(third.view()) == b"y" * CHUNK
+    assert buffers.offset_of(third.view()) is None and bytes(third.view()) == b"y" * CHUNK

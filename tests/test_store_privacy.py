@@ -20,7 +20,7 @@ import pytest
 
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.codec import CpuEngine
-from nvfs.store import FetchPool, Manifest, SharedSlots, Store, StoreUnavailable
+from nvfs.store import ChunkProcessPool, Manifest, SharedChunkBuffers, Store, StoreUnavailable
 from tests.conftest import MIB, drop_cache
 
 pytestmark = pytest.mark.fuse
@@ -106,8 +106,8 @@ def _open_store(root: Path, write_processes: bool) -> Store:
     backend = DirectoryBackend(str(root))
     if not write_processes:
         return Store.open(backend, CpuEngine())
-    store = Store.open(backend, CpuEngine(), write_pool=FetchPool(1, 2),
-                       write_buffers=SharedSlots(2, 4 * MIB))
+    store = Store.open(backend, CpuEngine(), write_pool=ChunkProcessPool(1, 2),
+                       write_buffers=SharedChunkBuffers(2, 4 * MIB))
     assert store.wait_for_processes(60), "the write process did not start"
     return store
 
@@ -126,7 +126,7 @@ def test_a_full_store_fails_chunk_writes_with_enospc_and_leaves_no_temporary_fil
                 else:
                     buffer = np.empty(4 * MIB, dtype=np.uint8)
                 buffer[:] = np.frombuffer(os.urandom(4 * MIB), dtype=np.uint8)
-                store.put_chunk(memoryview(buffer))
+                store.start_put(memoryview(buffer)).finish()
                 del buffer
         assert failure.value.errno == errno.ENOSPC
         assert _leftovers(store_root) == []

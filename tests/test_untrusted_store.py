@@ -295,7 +295,7 @@ def test_a_listing_read_concurrently_equals_one_read_in_order(mount_factory, mon
     try:
         concurrent = store.list_dir(("d",))
         monkeypatch.setattr(store.backend, "shared", False)  # one read after another
-        store._manifests.clear()
+        store.namespace._manifests.clear()
         in_order = store.list_dir(("d",))
     finally:
         store.close()

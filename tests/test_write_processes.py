@@ -21,7 +21,7 @@ import pytest
 
 from nvfs.backend.directory import DirectoryBackend
 from nvfs.codec import CpuEngine
-from nvfs.store import FetchPool, SharedSlots, Store
+from nvfs.store import ChunkProcessPool, SharedChunkBuffers, Store
 from tests.conftest import MIB, checkpoint_like, fetch_children, wait_until, wait_until_dead
 
 pytestmark = pytest.mark.fuse
@@ -129,51 +129,51 @@ def test_a_hung_write_process_is_replaced_after_write_timeout(mount_factory):
 
 
 def test_shared_buffers_come_back_when_the_last_view_is_gone():
-    slots = SharedSlots(2, MIB)
-    first, second = slots.take(), slots.take()
-    assert first is not None and second is not None and slots.take() is None
+    buffers = SharedChunkBuffers(2, MIB)
+    first, second = buffers.take(), buffers.take()
+    assert first is not None and second is not None and buffers.take() is None
     view = memoryview(first)[10:20]
     del first
     gc.collect()
-    assert slots.in_use() == 2, "a view still holds the first buffer"
+    assert buffers.in_use() == 2, "a view still holds the first buffer"
     del view
     gc.collect()
-    assert slots.in_use() == 1
-    third = slots.take()
-    assert third is not None and slots.take() is None
+    assert buffers.in_use() == 1
+    third = buffers.take()
+    assert third is not None and buffers.take() is None
 
 
 def test_shared_buffers_locate_only_what_lies_inside_one_buffer():
-    slots = SharedSlots(2, MIB)
-    first, second = slots.take(), slots.take()
+    buffers = SharedChunkBuffers(2, MIB)
+    first, second = buffers.take(), buffers.take()
     base = min(first.ctypes.data, second.ctypes.data)
     lower = first if first.ctypes.data == base else second
-    assert slots.offset_of(memoryview(lower)[5:100]) == 5
-    assert slots.offset_of(memoryview(np.empty(100, dtype=np.uint8))) is None
-    assert slots.offset_of(memoryview(b"")) is None
-    whole = np.frombuffer(slots._map, dtype=np.uint8)  # both buffers: spans their boundary
-    assert slots.offset_of(memoryview(whole)[MIB - 10 : MIB + 10]) is None
+    assert buffers.offset_of(memoryview(lower)[5:100]) == 5
+    assert buffers.offset_of(memoryview(np.empty(100, dtype=np.uint8))) is None
+    assert buffers.offset_of(memoryview(b"")) is None
+    whole = np.frombuffer(buffers._map, dtype=np.uint8)  # both buffers: spans their boundary
+    assert buffers.offset_of(memoryview(whole)[MIB - 10 : MIB + 10]) is None
 
 
 def test_releasing_free_pages_keeps_the_bytes_of_buffers_in_use():
-    slots = SharedSlots(3, MIB)
-    kept = slots.take()
+    buffers = SharedChunkBuffers(3, MIB)
+    kept = buffers.take()
     kept[:] = 7
-    freed = slots.take()
+    freed = buffers.take()
     freed[:] = 9
     del freed
     gc.collect()
-    slots.release_free_pages()
+    buffers.release_free_pages()
     assert (kept == 7).all()
-    assert all((buffer == 0).all() for buffer in (slots.take(), slots.take()))  # holes read as zeros
+    assert all((buffer == 0).all() for buffer in (buffers.take(), buffers.take()))  # holes read as zeros
 
 
 def test_a_write_pool_that_cannot_start_leaves_the_chunks_to_the_daemon(tmp_path, monkeypatch, caplog):
     """A process that dies before it is ready turns the pool off, once: from then on chunks are
     stored in the daemon without a warning each, and no shared buffer is handed out."""
     monkeypatch.setattr(sys, "executable", "/bin/false")
-    store = Store.open(DirectoryBackend(str(tmp_path)), CpuEngine(), write_pool=FetchPool(1, 2),
-                       write_buffers=SharedSlots(4, MIB))
+    store = Store.open(DirectoryBackend(str(tmp_path)), CpuEngine(), write_pool=ChunkProcessPool(1, 2),
+                       write_buffers=SharedChunkBuffers(4, MIB))
     try:
         shared = store.chunk_buffer(MIB)  # before anyone knows the process is gone
         assert shared is not None
@@ -181,8 +181,8 @@ def test_a_write_pool_that_cannot_start_leaves_the_chunks_to_the_daemon(tmp_path
             data = checkpoint_like(4 * MIB, seed)[:MIB]
             buffer = shared if seed == 0 else np.empty(MIB, dtype=np.uint8)
             buffer[:] = np.frombuffer(data, dtype=np.uint8)
-            ref = store.put_chunk(memoryview(buffer))
-            assert bytes(store.get_chunk(ref)) == data
+            ref = store.start_put(memoryview(buffer)).finish()
+            assert bytes(store.start_get(ref).finish()) == data
         assert store.chunk_buffer(MIB) is None
     finally:
         store.close()

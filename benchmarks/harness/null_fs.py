@@ -49,7 +49,7 @@ def reply_source(kind: str) -> memoryview:
     try:
         os.ftruncate(memfd, REPLY_SOURCE)
         os.pwrite(memfd, pattern, 0)
-        # The flags nvfs/store/fetch_pool.py maps chunks with.
+        # The flags nvfs/store/chunk_processes/lanes.py (CHUNK_MAP_FLAGS) maps chunks with.
         return memoryview(mmap.mmap(memfd, REPLY_SOURCE, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
                                     prot=mmap.PROT_READ))
     finally:

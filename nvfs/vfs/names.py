@@ -7,7 +7,7 @@ import stat
 from collections.abc import Iterator
 
 from nvfs.store import Store
-from nvfs.store.names import DIR_MARKER, dir_prefix, encode_name, entry_key
+from nvfs.store.keys import DIR_MARKER, dir_prefix, encode_name, entry_key
 from nvfs.vfs.errors import VfsError
 from nvfs.vfs.node import Node
 

@@ -1,8 +1,9 @@
-"""A chunk process (see :mod:`nvfs.store.fetch_pool`): ``python -m nvfs.store.fetch_child FD...``.
+"""A chunk process: ``python -m nvfs.store.chunk_processes.child FD...``.
 
-The arguments are inherited descriptors, one per lane: a SOCK_SEQPACKET socket on which
-each request comes with a memfd: for a fetch, the one the decoded chunk goes into; for a
-write, the daemon's shared chunk buffers (:mod:`nvfs.store.slots`), which hold the chunk to
+Started by :mod:`nvfs.store.chunk_processes.pool`. The arguments are inherited descriptors,
+one per lane (:mod:`nvfs.store.chunk_processes.lanes`): a SOCK_SEQPACKET socket on which each
+request comes with a memfd: for a get, the one the decoded chunk goes into; for a put, the
+daemon's shared chunk buffers (:mod:`nvfs.store.shared_buffers`), which hold the chunk to
 store. Each lane is served by a thread; the process exits when every lane's socket is
 closed. It signs each GET itself (:class:`nvfs.backend.s3_reader.SigV4Get`, with botocore's
 signer), so that the daemon's thread need not; writes go to a directory.
@@ -27,8 +28,9 @@ from nvfs.codec import CpuEngine, ElementKind, Engine, Region
 from nvfs.gil import hand_over_quickly
 from nvfs.heap import tune_heap
 from nvfs.store.chunk import ChunkCorrupt, chunk_hash, decode_chunk
-from nvfs.store.fetch_pool import CHUNK_MAP_FLAGS, READY, ChunkTarget
-from nvfs.store.store import KnownChunks, chunk_key, write_chunk_object
+from nvfs.store.chunk_objects import KnownChunks, write_chunk_object
+from nvfs.store.chunk_processes.lanes import CHUNK_MAP_FLAGS, READY, ChunkTarget
+from nvfs.store.keys import chunk_key
 
 _REQUEST_LIMIT = 1 << 16
 
@@ -50,7 +52,7 @@ class _Getters:
 
 def _decode_into(memfd: int, request: ObjectGet, chunk_id: str, length: int, hash_name: str,
                  engine: Engine, getters: _Getters) -> None:
-    """Leave the chunk in ``memfd``, checked as :meth:`nvfs.store.Store.get_chunk` checks it.
+    """Leave the chunk in ``memfd``, checked as :meth:`nvfs.store.chunk_io.ChunkIO.get` checks it.
 
     Chunks of float planes decode straight into it: no buffer of their own, no copy.
     """
@@ -61,7 +63,7 @@ def _decode_into(memfd: int, request: ObjectGet, chunk_id: str, length: int, has
         np.frombuffer(target, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
 
 
-class _Writer:
+class _ChunkWriter:
     """Stores chunks from the daemon's shared buffers: one mapping, backend and engine for all lanes."""
 
     def __init__(self) -> None:
@@ -75,7 +77,7 @@ class _Writer:
 
     def store(self, buffers_fd: int | None, offset: int, length: int, regions: list[tuple[int, int]] | None,
               target: ChunkTarget | None) -> tuple[str, int, str]:
-        """What :meth:`nvfs.store.Store.put_chunk` does on a directory store, from shared memory.
+        """What :meth:`nvfs.store.chunk_io.ChunkIO.put` does on a directory store, from shared memory.
 
         ``buffers_fd`` and ``target`` come with a lane's first request only (``None`` after).
         """
@@ -110,7 +112,7 @@ class _Writer:
                 self._target = target
 
 
-def _serve(lane: socket.socket, engine: Engine, getters: _Getters, writer: _Writer) -> None:
+def _serve(lane: socket.socket, engine: Engine, getters: _Getters, writer: _ChunkWriter) -> None:
     lane.send(READY)
     while True:
         message, fds, _flags, _address = socket.recv_fds(lane, _REQUEST_LIMIT, 1)
@@ -161,7 +163,7 @@ def main(fds: list[int]) -> None:
     hand_over_quickly()
     engine = CpuEngine()
     getters = _Getters()
-    writer = _Writer()
+    writer = _ChunkWriter()
     lanes = [threading.Thread(target=_serve, args=(socket.socket(fileno=fd), engine, getters, writer))
              for fd in fds]
     for thread in lanes:

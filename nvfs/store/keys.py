@@ -1,4 +1,5 @@
-"""How paths become keys under ``tree/`` (docs/FORMAT.md, "Names in tree/"), and back.
+"""The store's keys (docs/FORMAT.md): chunk objects under ``chunks/``, and paths as keys under
+``tree/`` ("Names in tree/"), and back.
 
 Keys come back from listings of the store, which anyone who can write to it can fill:
 a component that does not decode to one file name is refused here, so that no entry named
@@ -14,6 +15,7 @@ log = logging.getLogger(__name__)
 
 TREE_PREFIX = "tree/"
 DIR_MARKER = "#dir"
+CHUNK_PREFIX = "chunks/"
 
 Path = Sequence[str]
 
@@ -77,3 +79,21 @@ def entry_key(path: Path) -> str:
 
 def dir_prefix(path: Path) -> str:
     return entry_key(path) + "/" if path else TREE_PREFIX
+
+
+def chunk_key(store_version: int, cid: str) -> str:
+    """The key of chunk ``cid`` in a store of format ``store_version``.
+
+    Stores of format 3 keep chunks in 256 directories: on a directory backend the
+    65536 of the earlier two-level layout cost a new directory for most chunks of a new
+    store, and each new directory, like each new file, an inode that ext4 searches for
+    (saving 2 GiB into a new store, seven alternating pairs: 3.4-3.8 s instead of 3.4-4.3 s).
+    """
+    if store_version >= 3:
+        return f"{CHUNK_PREFIX}{cid[:2]}/{cid}"
+    return f"{CHUNK_PREFIX}{cid[:2]}/{cid[2:4]}/{cid}"
+
+
+def key_bytes(backend_prefix: str, key: str) -> int:
+    """Length of ``key`` as a backend with ``backend_prefix`` stores it (S3 allows 1024 bytes)."""
+    return len((backend_prefix + key).encode())

@@ -1,12 +1,12 @@
 """Chunk buffers in memory that the daemon shares with its write processes.
 
 A whole-chunk write buffer taken from here is a piece of one memfd that the write processes
-(:mod:`nvfs.store.fetch_pool`) have mapped too: the FUSE thread copies the writer's bytes into
+(:mod:`nvfs.store.chunk_processes`) have mapped too: the FUSE thread copies the writer's bytes into
 it once, and a write process hashes, codes and stores the chunk from the same pages. Nothing
 is copied to hand it over and no worker thread of the daemon runs Python beside the FUSE
-thread (see :meth:`nvfs.store.Store.put_chunk` for why that matters).
+thread (see :mod:`nvfs.store.chunk_io` for why that matters).
 
-A buffer goes back to the free list when the last reference to it is dropped (the slot was
+A buffer goes back to the free list when the last reference to it is dropped (the file's chunk was
 stored, overwritten, truncated or its file let go), whoever held it: no caller has to give
 it back, and one that keeps a view keeps the bytes valid.
 """
@@ -21,7 +21,7 @@ import weakref
 import numpy as np
 
 
-class SharedSlots:
+class SharedChunkBuffers:
     """``count`` buffers of ``size`` bytes in one memfd; its pages are allocated on first use."""
 
     def __init__(self, count: int, size: int) -> None:
