@@ -171,28 +171,27 @@ class Option:
         return f"{int(low)}..{int(high)}"
 
 
-def _parse_int(option: Option, text: str) -> int:
+def _number(option: Option, text: str, convert: Callable[[str], _Number], wanted: str) -> _Number:
+    """``text`` converted and within the option's bounds; ``wanted`` names the kind of value."""
     try:
-        value = int(text)
+        value = convert(text)
+    except OptionError as exc:  # the converter's own words say what is wrong with the text
+        raise OptionError(f"{option.name}: {exc}") from None
     except ValueError:
-        raise OptionError(f"{option.name} takes a whole number, not {text!r}") from None
-    return _in_bounds(option, value, value)
+        raise OptionError(f"{option.name} takes {wanted}, not {text!r}") from None
+    return _in_bounds(option, value, value if option.kind is not Kind.SECONDS else text)
+
+
+def _parse_int(option: Option, text: str) -> int:
+    return _number(option, text, int, "a whole number")
 
 
 def _parse_size(option: Option, text: str) -> int:
-    try:
-        value = parse_size(text)
-    except OptionError as exc:
-        raise OptionError(f"{option.name}: {exc}") from None
-    return _in_bounds(option, value, value)
+    return _number(option, text, parse_size, "a size")
 
 
 def _parse_seconds(option: Option, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise OptionError(f"{option.name} takes seconds, not {text!r}") from None
-    return _in_bounds(option, value, text)
+    return _number(option, text, float, "seconds")
 
 
 def _in_bounds(option: Option, value: _Number, shown: object) -> _Number:
