@@ -14,6 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 from nvfs.backend import Backend, ListedObject, ObjectNotFound
 from nvfs.store.chunk_objects import KnownChunks
@@ -139,18 +140,18 @@ def _chunks_named(key: str, blob: bytes | memoryview) -> set[str]:
     return {ref.id for ref in manifest.chunks if ref is not None}
 
 
+@dataclass
 class GarbageCollector:
     """Mark (every chunk a manifest names) and sweep (every other chunk, unless pinned or young)."""
 
-    def __init__(self, backend: Backend, namespace: Namespace, pins: ChunkPins, lock: SharedExclusiveLock,
-                 known: KnownChunks, grace: float) -> None:
-        self.backend = backend
-        self.namespace = namespace
-        self.pins = pins
-        self.lock = lock
-        self.known = known
-        self.grace = grace
-        self._named: dict[str, tuple[str, frozenset[str]]] = {}  # key -> (version, chunk ids) last marked
+    backend: Backend
+    namespace: Namespace
+    pins: ChunkPins
+    lock: SharedExclusiveLock
+    known: KnownChunks
+    grace: float
+    # manifest key -> (its listed version, the chunk ids it names), as last marked
+    _named: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict, init=False)
 
     def collect(self) -> tuple[int, int]:
         """Delete chunks that no manifest names and nothing pins; returns (chunks, bytes).
