@@ -73,10 +73,9 @@ class Store:
         (:mod:`nvfs.store.chunk_io`). Each is left unused where it cannot serve.
         """
         superblock = read_superblock(backend)
-        # Fetch processes decode on the CPU what comes by signed GETs, whatever the engine: on
-        # the GPU host a cold cat of 2 GiB from SeaweedFS read at 0.97-1.01 GB/s with the GPU
-        # engine decoding in the daemon, which also ran the GETs, and at 1.25-1.28 with them in
-        # fetch processes. Not with a disk cache (objects are cached here).
+        # Fetch processes decode on the CPU what comes by signed GETs, whatever the engine: the
+        # GETs, not the decoding, are what the daemon's GIL holds back
+        # (docs/decisions/fetch-processes.md). Not with a disk cache (objects are cached here).
         if fetch_pool is not None and (disk_cache is not None
                                        or backend.chunk_request(CHUNK_PREFIX + "probe") is None):
             fetch_pool = None

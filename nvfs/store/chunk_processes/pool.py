@@ -1,14 +1,11 @@
 """Chunk processes: fetching and storing chunks outside the daemon's GIL.
 
-Why: on 16 cores a cold restore from S3 was held back by the GIL, not by the cores:
-worker threads decoding chunks and the FUSE thread replying to reads took turns holding
-it: a cold ``cat`` of 2 GiB ran at 1.05 GB/s with 4.6 s of daemon user CPU, while the
-same file served from the daemon's memory cache ran at 3.0-3.8 GB/s with 0.1 s. Here a
-child process, with its own interpreter and GIL, signs, GETs, decodes and verifies each
-chunk; the daemon's event loop sends the request (:meth:`ChunkProcessPool.send_get`), waits
-for the answer as for any descriptor, and maps the memory the child decoded the chunk into.
-With two children (8 lanes each) that cat ran at 1.24-1.49 GB/s (plain ``get_object``:
-1.42-1.70) and the daemon's own CPU fell to about 2 s.
+Why: on many cores a restore is held back by the daemon's GIL, not by the cores: worker
+threads decoding chunks and the FUSE thread replying to reads take turns holding it
+(docs/decisions/fetch-processes.md and write-processes.md give the numbers). Here a child
+process, with its own interpreter and GIL, signs, GETs, decodes and verifies each chunk; the
+daemon's event loop sends the request (:meth:`ChunkProcessPool.send_get`), waits for the
+answer as for any descriptor, and maps the memory the child decoded the chunk into.
 
 A child serves several *lanes* (:mod:`nvfs.store.chunk_processes.lanes`). The event loop
 (:meth:`ChunkProcessPool.send_get`), or a worker thread where no lane is ready
