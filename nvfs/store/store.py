@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from nvfs.backend import Backend
 from nvfs.codec import Engine, Region
-from nvfs.formats import LayoutTracker
 from nvfs.store.chunk import chunk_hash
 from nvfs.store.chunk_io import ChunkIO, GetCall, PutCall
 from nvfs.store.chunk_processes import ChunkProcessPool
@@ -105,15 +104,6 @@ class Store:
         return self.chunks.put_pool
 
     # ----- chunks -----------------------------------------------------------------
-
-    @staticmethod
-    def layout_tracker() -> LayoutTracker:
-        """A tracker that learns a file's tensor layout from its chunks, for :meth:`start_put`."""
-        return LayoutTracker()
-
-    def chunk_key(self, cid: str) -> str:
-        """The key of chunk ``cid``: where this store's format puts it."""
-        return self.chunks.key(cid)
 
     def chunk_buffer(self, size: int) -> np.ndarray | None:
         """An uninitialised buffer of ``size`` bytes that a write process stores without a copy, if any."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
+from nvfs.formats import LayoutTracker
 from nvfs.store import Store
 from nvfs.vfs.config import VfsConfig
 from nvfs.vfs.content import FileContent
@@ -68,9 +69,9 @@ class OpenFiles:
             manifest = node.manifest
             if manifest is not None:
                 content = FileContent(manifest.chunk_size or self._config.chunk_size, manifest.size,
-                                      list(manifest.chunks), self._store.layout_tracker())
+                                      list(manifest.chunks), LayoutTracker())
             else:
-                content = FileContent(self._config.chunk_size, 0, [], self._store.layout_tracker())
+                content = FileContent(self._config.chunk_size, 0, [], LayoutTracker())
                 content.dirty = True  # a new file: its first commit creates it
             self._store.pin(content.pinned_ids())
             node.content = content

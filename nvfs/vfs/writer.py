@@ -13,6 +13,7 @@ import time
 
 import trio
 
+from nvfs.formats import LayoutTracker
 from nvfs.store import ChunkRef, Store
 from nvfs.vfs.chunk_calls import ChunkCalls
 from nvfs.vfs.config import VfsConfig
@@ -191,7 +192,7 @@ class Writer:
         content = self._files.ensure_content(node)
         content.dirty = True
         if size == 0:
-            content.layout = self._store.layout_tracker()  # rewritten from scratch: learn anew
+            content.layout = LayoutTracker()  # rewritten from scratch: learn anew
         if size >= content.size:
             content.grow(size)
             return
