@@ -51,7 +51,7 @@ MAY_IMPORT = {
     "fuse": {"vfs", "support"},
     # The vfs hands the bytes a writer writes to the layout tracker (formats) as they go by.
     "vfs": {"store", "formats", "support"},
-    "store": {"formats", "codec", "backend", "support"},
+    "store": {"codec", "backend", "support"},
     "formats": {"codec"},
     "codec": {"support"},
     "backend": {"support"},
