@@ -38,24 +38,26 @@ def _forget_nothing(ino: int, parent_ino: int | None, name: str) -> None:
     """Where no kernel caches the files (no FUSE adapter): nothing to forget."""
 
 
+@dataclasses.dataclass(eq=False)
 class Committer:
     """Close, release and commit of open files."""
 
-    def __init__(self, store: Store, inodes: Inodes, files: OpenFiles, writer: Writer,
-                 garbage: GarbageCollector, workers: Workers, config: VfsConfig) -> None:
-        self._store = store
-        self._inodes = inodes
-        self._files = files
-        self._writer = writer
-        self._garbage = garbage
-        self._workers = workers
-        self._config = config
-        # Called (in a worker thread) with an inode, its parent directory's inode and its name,
-        # when the kernel must forget what it cached of the file (data, attributes, the entry)
-        # because the file went back to its committed version; the FUSE adapter sets it.
-        self.invalidate_kernel_cache: Callable[[int, int | None, str], None] = _forget_nothing
-        self._background_commits = 0  # of every file
-        self._background_commits_idle = trio.Event()
+    _store: Store
+    _inodes: Inodes
+    _files: OpenFiles
+    _writer: Writer
+    _garbage: GarbageCollector
+    _workers: Workers
+    _config: VfsConfig
+    # Called (in a worker thread) with an inode, its parent directory's inode and its name,
+    # when the kernel must forget what it cached of the file (data, attributes, the entry)
+    # because the file went back to its committed version; the FUSE adapter sets it.
+    invalidate_kernel_cache: Callable[[int, int | None, str], None] = dataclasses.field(
+        default=_forget_nothing, init=False)
+    _background_commits: int = dataclasses.field(default=0, init=False)  # of every file
+    _background_commits_idle: trio.Event = dataclasses.field(default_factory=trio.Event, init=False)
+
+    def __post_init__(self) -> None:
         self._background_commits_idle.set()
 
     async def wait_background_commits(self) -> None:
